@@ -1,0 +1,127 @@
+//! `FencedLeaseClaim`: one candidate's request for a lease, bound to it like a PVC to a PV.
+//! The candidate writes the spec (and its heartbeat); only the operator writes the status.
+//! Deleting the claim releases the lease.
+// kube's derive takes one `printcolumn(...)` per column; clippy reads their repeated
+// `type_ = ...` keys as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A candidate's request for a lease.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "fencing.dev",
+    version = "v1alpha1",
+    kind = "FencedLeaseClaim",
+    plural = "fencedleaseclaims",
+    shortname = "fclaim",
+    category = "fencing",
+    namespaced,
+    status = "FencedLeaseClaimStatus",
+    doc = "A candidate's request for a FencedLease. Delete it to release the lease.",
+    printcolumn(name = "Lease", type_ = "string", json_path = ".spec.leaseName"),
+    printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holderIdentity"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(
+        name = "Position",
+        type_ = "integer",
+        json_path = ".status.queuePosition",
+        description = "Place in the queue while Pending"
+    ),
+    printcolumn(
+        name = "Pod",
+        type_ = "string",
+        json_path = ".spec.podName",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(
+    validation = Rule::new("self.leaseName == oldSelf.leaseName").message("leaseName is immutable").field_path(".leaseName"),
+    validation = Rule::new("self.holderIdentity == oldSelf.holderIdentity").message("holderIdentity is immutable").field_path(".holderIdentity"),
+    validation = Rule::new("has(self.podName) == has(oldSelf.podName) && (!has(self.podName) || self.podName == oldSelf.podName)").message("podName is immutable").field_path(".podName"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FencedLeaseClaimSpec {
+    /// Name of the `FencedLease` (in the same namespace) this claim asks for. Immutable.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    #[x_kube(validation = Rule::new("self.size() <= 63").message(
+        "leaseName is limited to 63 characters: FencedLease names become the name part of the pod annotation key token.fencing.dev/<name>"
+    ))]
+    pub lease_name: String,
+
+    /// Who is asking: a stable, human-readable identity (e.g. the pod name). Immutable.
+    #[schemars(length(min = 1, max = 253))]
+    pub holder_identity: String,
+
+    /// Pod of the holder, in the same namespace: annotated with the token while it holds the
+    /// lease; its deletion releases the lease. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub pod_name: Option<String>,
+
+    /// The heartbeat: the candidate updates it every leaseDurationSeconds/3 or so. The operator
+    /// expires a holder whose heartbeat it has not seen change for leaseDurationSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<MicroTime>,
+}
+
+/// Where a claim stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ClaimPhase {
+    /// Waiting in the queue.
+    Pending,
+    /// Holds the lease with `status.fencingToken`.
+    Granted,
+    /// Held the lease, but its heartbeat stopped for longer than the lease duration.
+    Expired,
+    /// Held the lease, but it was taken away (e.g. its pod was deleted or the status was reset).
+    Revoked,
+}
+
+/// Observed state of a claim, written only by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FencedLeaseClaimStatus {
+    /// `Pending` -> `Granted` -> `Expired` | `Revoked`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClaimPhase>,
+
+    /// The token this claim was granted; carry it to the protected resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub fencing_token: Option<i64>,
+
+    /// When the lease was granted to this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_time: Option<MicroTime>,
+
+    /// Place in the queue while `Pending` (1 = next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
+
+    /// A human-readable account of the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// Standard conditions (`Granted`, `PodFound`, `LeaseFound`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// The spec generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

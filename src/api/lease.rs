@@ -1,0 +1,113 @@
+//! `FencedLease`: the lock. Users write its spec; only the operator writes its status.
+// kube's derive takes one `printcolumn(...)` per column; clippy reads their repeated
+// `type_ = ...` keys as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired behaviour of a fenced lease.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "fencing.dev",
+    version = "v1alpha1",
+    kind = "FencedLease",
+    plural = "fencedleases",
+    shortname = "flease",
+    category = "fencing",
+    namespaced,
+    status = "FencedLeaseStatus",
+    doc = "A lease with a fencing token: at most one holder at a time, and every grant carries a token larger than all earlier ones.",
+    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity", description = "Identity of the current holder"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken", description = "Last fencing token issued"),
+    printcolumn(name = "Waiting", type_ = "integer", json_path = ".status.waiting", description = "Claims waiting for the lease"),
+    printcolumn(name = "Duration", type_ = "integer", json_path = ".spec.leaseDurationSeconds", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name.size() <= 63").message(
+        "FencedLease names are limited to 63 characters: the name becomes the name part of the holder pod's annotation key token.fencing.dev/<name>"
+    ),
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.fencingToken) || (has(self.status) && has(self.status.fencingToken) && self.status.fencingToken >= oldSelf.status.fencingToken)"
+    ).message("status.fencingToken can never be lowered or removed: a fencing token is issued at most once"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FencedLeaseSpec {
+    /// Seconds a holder keeps the lease after the operator last saw its heartbeat change.
+    #[serde(default = "default_lease_duration_seconds")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub lease_duration_seconds: i32,
+
+    /// Floor for the next token: it is greater than both the last token and this value.
+    /// Raise it after restoring the protected resource from a backup.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_token: i64,
+
+    /// Annotate the holder's pod with `token.fencing.dev/<lease name>: <token>`.
+    #[serde(default = "default_true")]
+    pub annotate_holder_pod: bool,
+}
+
+fn default_lease_duration_seconds() -> i32 {
+    15
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Observed state, written only by the operator. The source of truth for who holds the lease.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FencedLeaseStatus {
+    /// The claim that holds the lease now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<LeaseHolder>,
+
+    /// The last token issued for this lease (0 before the first grant). Never goes down.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub fencing_token: i64,
+
+    /// When the current holder was granted the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquire_time: Option<MicroTime>,
+
+    /// When the operator last saw the holder's heartbeat change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<MicroTime>,
+
+    /// When the holder will expire if its heartbeat does not change (the operator's estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_time: Option<MicroTime>,
+
+    /// How many times the lease changed hands.
+    #[serde(default)]
+    pub lease_transitions: i64,
+
+    /// Claims waiting for the lease.
+    #[serde(default)]
+    pub waiting: i32,
+
+    /// Standard conditions (`Held`, `Degraded`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// The spec generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Who holds a lease.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseHolder {
+    /// Name of the holding `FencedLeaseClaim`, in the lease's namespace.
+    pub claim: String,
+    /// The claim's `holderIdentity`.
+    pub identity: String,
+    /// The claim's `podName`, if it names a pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+}

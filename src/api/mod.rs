@@ -1,0 +1,46 @@
+//! The custom resources of group `fencing.dev`, version `v1alpha1`.
+//!
+//! Validation lives in the generated schema (bounds, defaults, immutability and a CEL
+//! transition rule that keeps `status.fencingToken` from ever going down), so the apiserver
+//! enforces it for every client, not only for ours.
+
+mod claim;
+mod crdgen;
+mod lease;
+
+pub use claim::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseClaimStatus};
+pub use crdgen::{CrdFile, crd_files};
+pub use lease::{FencedLease, FencedLeaseSpec, FencedLeaseStatus, LeaseHolder};
+
+/// API group of both kinds.
+pub const GROUP: &str = "fencing.dev";
+/// API version of both kinds.
+pub const VERSION: &str = "v1alpha1";
+
+/// Prefix of the annotation that carries a lease's token on its holder's pod.
+///
+/// The full key is `token.fencing.dev/<lease name>`: one key per lease, so a pod holding
+/// several leases carries several tokens, and no other tool's annotation can collide with it.
+pub const TOKEN_ANNOTATION_PREFIX: &str = "token.fencing.dev";
+
+/// Longest lease name: the name part of an annotation key is limited to 63 characters.
+pub const MAX_LEASE_NAME_LEN: usize = 63;
+
+/// The pod annotation key that carries the token of lease `lease_name`.
+pub fn token_annotation_key(lease_name: &str) -> String {
+    format!("{TOKEN_ANNOTATION_PREFIX}/{lease_name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotation_key_is_per_lease() {
+        assert_eq!(
+            token_annotation_key("db-migrate"),
+            "token.fencing.dev/db-migrate"
+        );
+        assert_ne!(token_annotation_key("a"), token_annotation_key("b"));
+    }
+}

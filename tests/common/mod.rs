@@ -1,0 +1,258 @@
+//! Test harness: a real kube-apiserver + etcd (RBAC on), the CRDs applied with kubectl as a
+//! user would, a fresh namespace per test, and clients that act as a given ServiceAccount.
+//!
+//! One control plane serves the whole test run: the harness reuses the one `KUBECONFIG`
+//! points at when that is a `hack/control-plane` cluster, and otherwise starts one with
+//! `hack/control-plane up` (idempotent, so every test binary shares it).
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Name of the cluster entry in kubeconfigs written by `hack/control-plane`.
+const TEST_CLUSTER_NAME: &str = "fenced-lease-test";
+
+/// Per-call timeout for API requests made by tests.
+pub const API_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The control plane shared by all tests of this process.
+pub struct ControlPlane {
+    pub kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+}
+
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+fn control_plane_script() -> Command {
+    Command::new(repo_root().join("hack/control-plane"))
+}
+
+/// Is `kubeconfig` a running control plane made by `hack/control-plane`? Anything else (a
+/// developer's real cluster, say) is never used by the tests.
+fn is_running_test_cluster(kubectl: &Path, kubeconfig: &Path) -> bool {
+    let name = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args([
+            "config",
+            "view",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].name}",
+        ])
+        .output();
+    let is_ours = matches!(name, Ok(out) if out.status.success() && out.stdout == TEST_CLUSTER_NAME.as_bytes());
+    is_ours
+        && Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--request-timeout=5s", "get", "--raw", "/readyz"])
+            .output()
+            .is_ok_and(|out| out.status.success())
+}
+
+/// Starts (or finds) the control plane and installs the CRDs, once per test process.
+pub fn control_plane() -> &'static ControlPlane {
+    static CP: OnceLock<ControlPlane> = OnceLock::new();
+    CP.get_or_init(|| {
+        let bin_dir = run(control_plane_script().arg("bin-dir")).stdout;
+        let kubectl = PathBuf::from(String::from_utf8_lossy(&bin_dir).trim()).join("kubectl");
+        let reusable = std::env::var_os("KUBECONFIG")
+            .map(PathBuf::from)
+            .filter(|kc| kubectl.exists() && is_running_test_cluster(&kubectl, kc));
+        let kubeconfig = match reusable {
+            Some(kc) => kc,
+            None => {
+                let out = run(control_plane_script().arg("up"));
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let last = stdout.lines().last().unwrap_or_default();
+                let path = last.strip_prefix("export KUBECONFIG=").unwrap_or_else(|| {
+                    panic!("unexpected output of hack/control-plane up: {stdout}")
+                });
+                PathBuf::from(path)
+            }
+        };
+        let cp = ControlPlane {
+            kubeconfig,
+            kubectl,
+        };
+        // Exactly what a user does.
+        run(cp
+            .kubectl_cmd()
+            .args(["apply", "-f"])
+            .arg(repo_root().join("crds")));
+        run(cp.kubectl_cmd().args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/fencedleases.fencing.dev",
+            "crd/fencedleaseclaims.fencing.dev",
+        ]));
+        cp
+    })
+}
+
+impl ControlPlane {
+    /// `kubectl` with the admin kubeconfig.
+    pub fn kubectl_cmd(&self) -> Command {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--request-timeout=30s");
+        cmd
+    }
+
+    /// Client config of the cluster admin.
+    pub async fn admin_config(&self) -> Config {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("read kubeconfig");
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+        config.read_timeout = Some(API_TIMEOUT);
+        config.write_timeout = Some(API_TIMEOUT);
+        config.connect_timeout = Some(Duration::from_secs(5));
+        config
+    }
+}
+
+/// A fresh namespace for one test, deleted (in the background) when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    pub client: Client,
+    cp: &'static ControlPlane,
+}
+
+impl TestNamespace {
+    /// Creates namespace `<prefix>-<random>` and an admin client.
+    pub async fn new(prefix: &str) -> Self {
+        let cp = control_plane();
+        let client = Client::try_from(cp.admin_config().await).expect("admin client");
+        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        Self { name, client, cp }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// `kubectl -n <namespace>` as the admin.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = self.cp.kubectl_cmd();
+        cmd.args(["-n", &self.name]);
+        cmd
+    }
+
+    /// Creates ServiceAccount `name` in this namespace and returns a client that
+    /// authenticates as it (a bound token from the TokenRequest API), for RBAC tests.
+    pub async fn client_as_service_account(&self, name: &str) -> Client {
+        let sas = self.api::<ServiceAccount>();
+        let sa = ServiceAccount {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match sas.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("create ServiceAccount {name}: {e}"),
+        }
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let issued: TokenRequest = sas
+            .create_subresource("token", name, &PostParams::default(), &request)
+            .await
+            .expect("TokenRequest");
+        let token = issued.status.expect("TokenRequest status").token;
+        let mut config = self.cp.admin_config().await;
+        config.auth_info =
+            serde_json::from_value::<AuthInfo>(serde_json::json!({ "token": token }))
+                .expect("auth info");
+        Client::try_from(config).expect("service account client")
+    }
+
+    /// Applies YAML (or JSON) with kubectl as the admin; returns the output, stderr included.
+    pub fn kubectl_apply(&self, manifest: &str) -> Output {
+        use std::io::Write;
+        let mut child = self
+            .kubectl()
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(manifest.as_bytes())
+            .unwrap();
+        child.wait_with_output().expect("kubectl apply")
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Best effort: the control plane's namespace controller removes the contents.
+        let _ = self
+            .cp
+            .kubectl_cmd()
+            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .output();
+    }
+}
+
+/// The message of an API error, for asserting what a user would read.
+pub fn api_error_message<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.message.clone()),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
