@@ -74,14 +74,6 @@ pub struct FencedLeaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquire_time: Option<MicroTime>,
 
-    /// When the operator last saw the holder's heartbeat change.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub renew_time: Option<MicroTime>,
-
-    /// When the holder will expire if its heartbeat does not change (the operator's estimate).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expire_time: Option<MicroTime>,
-
     /// How many times the lease changed hands.
     #[serde(default)]
     pub lease_transitions: i64,
@@ -99,12 +91,15 @@ pub struct FencedLeaseStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// Who holds a lease.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
-#[serde(rename_all = "camelCase")]
+/// Who holds a lease. Every field has a default so that an object written under an older
+/// schema still deserializes (one unreadable object must not stop the operator's watch).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
 pub struct LeaseHolder {
     /// Name of the holding `FencedLeaseClaim`, in the lease's namespace.
     pub claim: String,
+    /// UID of that claim: a new claim of the same name is a different candidate.
+    pub claim_uid: String,
     /// The claim's `holderIdentity`.
     pub identity: String,
     /// The claim's `podName`, if it names a pod.

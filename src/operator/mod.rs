@@ -1,5 +1,26 @@
 //! The operator: grants leases FIFO, issues fencing tokens, expires silent holders, releases
-//! deleted ones, and annotates holder pods. Pure decisions live in [`token`] (and, as the
-//! operator grows, beside it); the reconcilers only gather state, decide, and write.
+//! deleted ones, and annotates holder pods.
+//!
+//! - [`decide`]: who holds next and why a holder stops (pure); [`token`]: the next token.
+//! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock).
+//! - [`status`]: the lease and claim statuses a decision implies (pure).
+//! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
+//!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
+//!   finalizer that keeps tokens growing across deletion of a lease.
+//! - [`run`]: watches and controllers; [`leader`]: leader election; [`http`]: health and
+//!   metrics endpoints; [`metrics`], [`error`], [`context`].
 
+pub mod claims;
+pub mod context;
+pub mod decide;
+pub mod error;
+pub mod heartbeat;
+pub mod high_water;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod pods;
+pub mod reconcile;
+pub mod run;
+pub mod status;
 pub mod token;

@@ -6,6 +6,8 @@
 //! `hack/control-plane up` (idempotent, so every test binary shares it).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod operator;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -240,7 +242,26 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        // Best effort: the control plane's namespace controller removes the contents.
+        // Best effort: the control plane's namespace controller removes the contents. The
+        // test's operator is gone by now, so nothing would remove the leases' finalizers.
+        if let Ok(out) = self
+            .kubectl()
+            .args(["get", "fencedleases", "-o", "name"])
+            .output()
+        {
+            for lease in String::from_utf8_lossy(&out.stdout).lines() {
+                let _ = self
+                    .kubectl()
+                    .args([
+                        "patch",
+                        lease,
+                        "--type=merge",
+                        "-p",
+                        r#"{"metadata":{"finalizers":null}}"#,
+                    ])
+                    .output();
+            }
+        }
         let _ = self
             .cp
             .kubectl_cmd()
@@ -254,5 +275,103 @@ pub fn api_error_message<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> 
     match result {
         Err(kube::Error::Api(status)) => (status.code, status.message.clone()),
         other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+// ---- Holder-side helpers (tests/holder*.rs, tests/kubectl_fence*.rs) ----
+
+impl TestNamespace {
+    /// Creates FencedLease `name` with the given lease duration.
+    pub fn create_lease(&self, name: &str, duration_seconds: i32) {
+        let out = self.kubectl_apply(&format!(
+            "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: {name}\nspec:\n  leaseDurationSeconds: {duration_seconds}\n"
+        ));
+        assert!(
+            out.status.success(),
+            "create lease: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// An admin client for holders: no read timeout, since holders keep watches open.
+    pub async fn holder_client(&self) -> Client {
+        let mut config = self.cp.admin_config().await;
+        config.read_timeout = None;
+        Client::try_from(config).expect("holder client")
+    }
+
+    /// The admin kubeconfig path, for child processes.
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.cp.kubeconfig
+    }
+
+    /// Creates ServiceAccount `name`, bound to the holder Role of deploy/rbac/holder-role.yaml
+    /// when `bind_holder_role`, and writes a kubeconfig that authenticates as it.
+    pub async fn holder_service_account_kubeconfig(
+        &self,
+        name: &str,
+        bind_holder_role: bool,
+    ) -> PathBuf {
+        // Creates the ServiceAccount; the client itself is not needed.
+        let _ = self.client_as_service_account(name).await;
+        if bind_holder_role {
+            let role = std::fs::read_to_string(repo_root().join("deploy/rbac/holder-role.yaml"))
+                .expect("read holder role");
+            let out = self.kubectl_apply(&role);
+            assert!(
+                out.status.success(),
+                "apply role: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let out = self.kubectl_apply(&format!(
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: {name}-holder\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: fenced-lease-holder\nsubjects:\n  - kind: ServiceAccount\n    name: {name}\n    namespace: {ns}\n",
+                ns = self.name
+            ));
+            assert!(
+                out.status.success(),
+                "bind role: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let token = run(self
+            .kubectl()
+            .args(["create", "token", name, "--duration=1h"]))
+        .stdout;
+        let token = String::from_utf8_lossy(&token).trim().to_string();
+        let mut kubeconfig = Kubeconfig::read_from(&self.cp.kubeconfig).expect("read kubeconfig");
+        for user in &mut kubeconfig.auth_infos {
+            user.auth_info = Some(
+                serde_json::from_value::<AuthInfo>(serde_json::json!({ "token": token }))
+                    .expect("auth info"),
+            );
+        }
+        for context in &mut kubeconfig.contexts {
+            if let Some(c) = context.context.as_mut() {
+                c.namespace = Some(self.name.clone());
+            }
+        }
+        let path = std::env::temp_dir().join(format!("{}-{name}.kubeconfig", self.name));
+        let yaml = serde_saphyr::to_string(&kubeconfig).expect("serialize kubeconfig");
+        std::fs::write(&path, yaml).expect("write kubeconfig");
+        path
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -1,0 +1,230 @@
+//! `fenced-lease-operator`: grants FencedLeases to their claims and issues fencing tokens.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use fenced_lease::operator::http::{self, Health};
+use fenced_lease::operator::leader::Election;
+use fenced_lease::operator::metrics::Metrics;
+use fenced_lease::operator::run::{self, Settings};
+use kube::{Client, Config};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Kubernetes operator that hands out FencedLeases: FIFO grants, fencing tokens that only
+/// grow, expiry of holders whose heartbeat stops, and the token on the holder's pod.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    after_help = "Examples:\n  fenced-lease-operator                       # all namespaces, leader election on\n  fenced-lease-operator -n team-a --leader-election=false --log-format text\n\nLog level: RUST_LOG (default info), e.g. RUST_LOG=fenced_lease=debug."
+)]
+struct Args {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(short, long, env = "FENCED_LEASE_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Address of /metrics, /livez and /readyz.
+    #[arg(
+        long,
+        env = "FENCED_LEASE_METRICS_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "FENCED_LEASE_LOG_FORMAT",
+        value_enum,
+        default_value = "json"
+    )]
+    log_format: LogFormat,
+
+    /// Elect one active replica among several (turn off only when running one replica).
+    #[arg(long, env = "FENCED_LEASE_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+
+    /// The operator's own namespace: its leader-election Lease and the ConfigMap
+    /// `fenced-lease-tokens` that keeps tokens growing across deletion of a lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    operator_namespace: String,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "fenced-lease-operator")]
+    leader_election_name: String,
+
+    /// Seconds a standby waits, after the leader's last renewal, before taking over.
+    #[arg(long, default_value_t = 15)]
+    leader_election_lease_seconds: u64,
+
+    /// This replica's name in Events and in the leader Lease (default: POD_NAME, else hostname).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+
+    /// Deadline of every Kubernetes API call, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    api_timeout: Duration,
+
+    /// Also reconcile every lease at this interval, as a safety net.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    resync: Duration,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 10s, 500ms, 5m)"))
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none());
+    match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn identity(args: &Args) -> String {
+    args.identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("fenced-lease-operator-{}", std::process::id()))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    match run(args).await {
+        Ok(code) => code,
+        Err(message) => {
+            error!(error = %message, "fenced-lease-operator failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<ExitCode, String> {
+    let mut config = Config::infer()
+        .await
+        .map_err(|e| format!("no Kubernetes configuration: {e}"))?;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = None; // watches stream; each call has its own deadline instead
+    let client =
+        Client::try_from(config).map_err(|e| format!("cannot build a Kubernetes client: {e}"))?;
+
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutting down");
+        on_signal.cancel();
+    });
+
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let health = Health {
+        ready: ready.clone(),
+        metrics: metrics.clone(),
+    };
+    let server = tokio::spawn(http::serve(args.metrics_addr, health, stop.clone()));
+
+    let identity = identity(&args);
+    let settings = Settings {
+        namespace: args.namespace.clone(),
+        api_timeout: args.api_timeout,
+        state_namespace: args.operator_namespace.clone(),
+        instance: Some(identity.clone()),
+        resync: args.resync,
+    };
+
+    let mut lost_leadership = false;
+    let controllers_stop = stop.child_token();
+    if args.leader_election {
+        let lease_duration = Duration::from_secs(args.leader_election_lease_seconds.max(3));
+        let election = Election {
+            namespace: args.operator_namespace.clone(),
+            name: args.leader_election_name.clone(),
+            identity: identity.clone(),
+            lease_duration,
+            renew_deadline: lease_duration * 2 / 3,
+            retry_period: lease_duration / 7,
+            api_timeout: args.api_timeout,
+        };
+        // Standbys are ready: they serve health and wait; only the leader's caches matter.
+        ready.store(true, Ordering::Release);
+        info!(identity = %identity, lease = %election.name, namespace = %election.namespace, "waiting for leadership");
+        let lost = loop {
+            match election.lead(&client, &stop).await {
+                Ok(Some(lost)) => break lost,
+                Ok(None) => return finish(server).await,
+                Err(e) => error!(error = %e, "leader election failed; retrying"),
+            }
+        };
+        ready.store(false, Ordering::Release);
+        let on_lost = controllers_stop.clone();
+        let watch_lost = lost.clone();
+        tokio::spawn(async move {
+            watch_lost.cancelled().await;
+            on_lost.cancel();
+        });
+        run::run(client, settings, metrics, ready, controllers_stop).await;
+        lost_leadership = lost.is_cancelled() && !stop.is_cancelled();
+    } else {
+        run::run(client, settings, metrics, ready, controllers_stop).await;
+    }
+    stop.cancel();
+    let code = finish(server).await?;
+    if lost_leadership {
+        // Restart (by the Deployment) as a standby with fresh state.
+        return Err("lost leadership".into());
+    }
+    Ok(code)
+}
+
+async fn finish(server: tokio::task::JoinHandle<std::io::Result<()>>) -> Result<ExitCode, String> {
+    match server.await {
+        Ok(Ok(())) => Ok(ExitCode::SUCCESS),
+        Ok(Err(e)) => Err(format!("metrics server: {e}")),
+        Err(e) => Err(format!("metrics server task: {e}")),
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            error!(error = %e, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

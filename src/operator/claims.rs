@@ -1,0 +1,95 @@
+//! The FencedLeaseClaim reconciler: only for what the lease reconciler cannot see, a claim
+//! whose lease does not exist. Such a claim is told so (condition `LeaseFound=False`, an
+//! Event) and waits; everything else about claims follows from their lease's status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::context::Context;
+use super::error::{Error, Result, timed};
+use super::reconcile::MANAGER;
+use super::status::set_condition;
+use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus};
+
+pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.is_synced() {
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
+    let ns = claim
+        .namespace()
+        .ok_or_else(|| Error::Unexpected("FencedLeaseClaim without a namespace".into()))?;
+    let lease = &claim.spec.lease_name;
+    if claim.metadata.deletion_timestamp.is_some()
+        || ctx.leases.get(&ObjectRef::new(lease).within(&ns)).is_some()
+    {
+        return Ok(Action::await_change());
+    }
+    let current = claim.status.clone().unwrap_or_default();
+    let already_told = current
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "LeaseFound" && c.status == "False");
+    let message =
+        format!("FencedLease {lease} does not exist in namespace {ns}; the claim waits for it");
+    let mut desired = FencedLeaseClaimStatus {
+        phase: match current.phase {
+            Some(p @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => Some(p),
+            _ => Some(ClaimPhase::Pending),
+        },
+        message: Some(message.clone()),
+        conditions: current.conditions.clone(),
+        observed_generation: claim.metadata.generation,
+        fencing_token: current.fencing_token,
+        grant_time: current.grant_time.clone(),
+        queue_position: None,
+    };
+    if desired.phase == Some(ClaimPhase::Pending) {
+        desired.fencing_token = None;
+        desired.grant_time = None;
+    }
+    set_condition(
+        &mut desired.conditions,
+        "LeaseFound",
+        "False",
+        "LeaseNotFound",
+        &message,
+        claim.metadata.generation,
+        Timestamp::now(),
+    );
+    if desired != current {
+        let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = json!({ "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "status": desired });
+        let params = PatchParams::apply(MANAGER).force();
+        timed(
+            "write claim status",
+            ctx.api_timeout,
+            api.patch_status(&claim.name_any(), &params, &Patch::Apply(&patch)),
+        )
+        .await?;
+    }
+    if !already_told {
+        ctx.event(
+            &claim.object_ref(&()),
+            EventType::Warning,
+            "LeaseNotFound",
+            "Grant",
+            message,
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+pub fn error_policy(claim: Arc<FencedLeaseClaim>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(error.metric_label());
+    tracing::warn!(claim = %claim.name_any(), namespace = ?claim.namespace(), error = %error, "claim reconcile failed");
+    Action::requeue(Duration::from_secs(1))
+}

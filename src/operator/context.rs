@@ -1,0 +1,92 @@
+//! State shared by the reconcilers and the HTTP server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::Client;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+
+use super::error::truncate;
+use super::heartbeat::Heartbeats;
+use super::metrics::Metrics;
+use crate::api::{FencedLease, FencedLeaseClaim};
+
+/// What every reconcile needs.
+pub struct Context {
+    pub client: Client,
+    pub leases: Store<FencedLease>,
+    pub claims: Store<FencedLeaseClaim>,
+    /// Pod metadata only: existence and annotations are all the operator reads of pods.
+    pub pods: Store<PartialObjectMeta<Pod>>,
+    pub heartbeats: Arc<Heartbeats>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Namespace of the operator's own state (the token high-water marks).
+    pub state_namespace: String,
+    /// Deadline of every single API call.
+    pub api_timeout: Duration,
+    /// All caches have synced: until then no decision is taken (a pod missing from an
+    /// unsynced cache is not a deleted pod).
+    pub synced: AtomicBool,
+}
+
+/// A reference to claim `name` (uid `uid`) in namespace `ns`.
+pub fn claim_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("fencing.dev/v1alpha1".into()),
+        kind: Some("FencedLeaseClaim".into()),
+        namespace: Some(ns.into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        ..Default::default()
+    }
+}
+
+impl Context {
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Publishes an Event; a failure is logged, never fatal to the reconcile.
+    pub async fn event(
+        &self,
+        on: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.event_about(on, None, type_, reason, action, note)
+            .await;
+    }
+
+    /// Publishes an Event about `on` that concerns `related` too (a lease's claim). Events of
+    /// the same reason about different claims stay distinct instead of being folded into one
+    /// series, so every grant keeps its own note (and token).
+    pub async fn event_about(
+        &self,
+        on: &ObjectReference,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1024).to_string()),
+            action: action.into(),
+            secondary: related,
+        };
+        match tokio::time::timeout(self.api_timeout, self.recorder.publish(&event, on)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(reason, error = %e, "cannot publish Event"),
+            Err(_) => tracing::warn!(reason, "publishing an Event timed out"),
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The operator's errors: each has a metric label and an Event reason.
+
+use std::time::Duration;
+
+/// Why a reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The apiserver answered with an error (or could not be reached).
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An API call did not answer within the per-call timeout.
+    #[error("{what}: no answer from the Kubernetes API within {timeout:?}")]
+    Timeout {
+        what: &'static str,
+        timeout: Duration,
+    },
+    /// Someone else changed the lease between our read and our write, too often in a row.
+    #[error("lease {0} kept changing under us; will retry")]
+    Contended(String),
+    /// An object the operator needs is malformed (e.g. no namespace).
+    #[error("unexpected object: {0}")]
+    Unexpected(String),
+}
+
+impl Error {
+    /// Label for `fenced_lease_reconcile_errors_total{error=...}`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(e)) if e.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(e)) if e.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "transport",
+            Error::Timeout { .. } => "timeout",
+            Error::Contended(_) => "contended",
+            Error::Unexpected(_) => "unexpected",
+        }
+    }
+
+    /// Event reason (PascalCase) for a warning Event about this error.
+    pub fn event_reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(e)) if e.code == 403 => "Forbidden",
+            Error::Kube(_) => "ApiError",
+            Error::Timeout { .. } => "ApiTimeout",
+            Error::Contended(_) => "Contended",
+            Error::Unexpected(_) => "UnexpectedObject",
+        }
+    }
+
+    /// Is this a 409 Conflict (someone else wrote first)?
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 409)
+    }
+
+    /// Is this a 404 Not Found?
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 404)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs one API call with a deadline.
+pub async fn timed<T>(
+    what: &'static str,
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(Error::from),
+        Err(_) => Err(Error::Timeout { what, timeout }),
+    }
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary (Event notes are limited).
+pub fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("hello", 10), "hello");
+    }
+
+    #[test]
+    fn labels_tell_timeouts_from_api_errors() {
+        let e = Error::Timeout {
+            what: "get lease",
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(
+            (e.metric_label(), e.event_reason()),
+            ("timeout", "ApiTimeout")
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! Leader election among operator replicas on a `coordination.k8s.io/v1` Lease: only the
+//! leader reconciles. Every write carries the Lease's resourceVersion, and a leader that
+//! cannot renew within `renew_deadline` (shorter than the lease) steps down before another
+//! replica may take over; a deposed leader's in-flight lease-status writes fail on their own
+//! resourceVersion anyway, so two replicas never both issue a token.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::error::{Error, Result, timed};
+
+/// How this replica competes for leadership.
+#[derive(Clone, Debug)]
+pub struct Election {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    /// How long others wait, after last seeing a renewal, before taking over.
+    pub lease_duration: Duration,
+    /// The leader steps down when it has not renewed for this long.
+    pub renew_deadline: Duration,
+    /// Interval between attempts and renewals.
+    pub retry_period: Duration,
+    pub api_timeout: Duration,
+}
+
+impl Election {
+    fn api(&self, client: &Client) -> Api<Lease> {
+        Api::namespaced(client.clone(), &self.namespace)
+    }
+
+    /// Waits until this replica leads (or `stop` is cancelled: `Ok(None)`). The returned
+    /// token is cancelled when leadership is lost; renewal runs until then or until `stop`,
+    /// after which the Lease is released so a standby takes over at once.
+    pub async fn lead(
+        &self,
+        client: &Client,
+        stop: &CancellationToken,
+    ) -> Result<Option<CancellationToken>> {
+        let api = self.api(client);
+        let mut seen: Option<(Option<String>, Option<MicroTime>, Instant)> = None;
+        loop {
+            if stop.is_cancelled() {
+                return Ok(None);
+            }
+            match self.try_acquire(&api, &mut seen).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, lease = %self.name, "leader election attempt failed"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return Ok(None),
+                () = tokio::time::sleep(self.retry_period) => {}
+            }
+        }
+        info!(identity = %self.identity, lease = %self.name, namespace = %self.namespace, "became leader");
+        let lost = CancellationToken::new();
+        tokio::spawn(self.clone().renew(api, lost.clone(), stop.clone()));
+        Ok(Some(lost))
+    }
+
+    /// One attempt: create the Lease, or take it when free, ours, or not renewed for a full
+    /// lease duration as observed on our own clock.
+    async fn try_acquire(
+        &self,
+        api: &Api<Lease>,
+        seen: &mut Option<(Option<String>, Option<MicroTime>, Instant)>,
+    ) -> Result<bool> {
+        let now = Instant::now();
+        let Some(current) = timed(
+            "get leader lease",
+            self.api_timeout,
+            api.get_opt(&self.name),
+        )
+        .await?
+        else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(self.spec(None)),
+            };
+            return match timed(
+                "create leader lease",
+                self.api_timeout,
+                api.create(&PostParams::default(), &lease),
+            )
+            .await
+            {
+                Ok(_) => Ok(true),
+                Err(e) if e.is_conflict() => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let spec = current.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let free = holder.is_none() || holder.as_deref() == Some(self.identity.as_str());
+        let observation = (holder.clone(), spec.renew_time.clone());
+        let changed_at = match seen {
+            Some((h, r, at)) if (h.clone(), r.clone()) == observation => *at,
+            _ => now,
+        };
+        *seen = Some((observation.0, observation.1, changed_at));
+        if !free && now.duration_since(changed_at) < self.lease_duration {
+            return Ok(false);
+        }
+        let mut next = current.clone();
+        next.spec = Some(self.spec(Some(&spec)));
+        match timed(
+            "take leader lease",
+            self.api_timeout,
+            api.replace(&self.name, &PostParams::default(), &next),
+        )
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn spec(&self, previous: Option<&LeaseSpec>) -> LeaseSpec {
+        let now = MicroTime(Timestamp::now());
+        let ours =
+            previous.and_then(|p| p.holder_identity.as_deref()) == Some(self.identity.as_str());
+        let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: if ours {
+                previous.and_then(|p| p.acquire_time.clone())
+            } else {
+                Some(now.clone())
+            },
+            renew_time: Some(now),
+            lease_transitions: Some(if ours || previous.is_none() {
+                transitions
+            } else {
+                transitions + 1
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn renew(self, api: Api<Lease>, lost: CancellationToken, stop: CancellationToken) {
+        let mut last_renew_sent = Instant::now();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(self.retry_period) => {}
+            }
+            let sent = Instant::now();
+            match self.renew_once(&api).await {
+                Ok(true) => last_renew_sent = sent,
+                Ok(false) => {
+                    warn!(identity = %self.identity, "another replica holds the leader lease; stepping down");
+                    lost.cancel();
+                    return;
+                }
+                Err(e) => warn!(error = %e, "leader lease renewal failed"),
+            }
+            if last_renew_sent.elapsed() >= self.renew_deadline {
+                warn!(identity = %self.identity, deadline = ?self.renew_deadline, "could not renew the leader lease in time; stepping down");
+                lost.cancel();
+                return;
+            }
+        }
+        self.release(&api).await;
+    }
+
+    async fn renew_once(&self, api: &Api<Lease>) -> Result<bool> {
+        let current = timed("get leader lease", self.api_timeout, api.get(&self.name)).await?;
+        let spec = current.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(false);
+        }
+        let mut next = current;
+        next.spec = Some(self.spec(Some(&spec)));
+        match timed(
+            "renew leader lease",
+            self.api_timeout,
+            api.replace(&self.name, &PostParams::default(), &next),
+        )
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() => Err(Error::Contended(self.name.clone())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Hands the Lease back on shutdown so a standby does not wait out the lease duration.
+    async fn release(&self, api: &Api<Lease>) {
+        let Ok(current) = timed("get leader lease", self.api_timeout, api.get(&self.name)).await
+        else {
+            return;
+        };
+        let mut spec = current.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        let mut next = current;
+        next.spec = Some(spec);
+        match timed(
+            "release leader lease",
+            self.api_timeout,
+            api.replace(&self.name, &PostParams::default(), &next),
+        )
+        .await
+        {
+            Ok(_) => info!(identity = %self.identity, "released the leader lease"),
+            Err(e) => warn!(error = %e, "could not release the leader lease"),
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The status the operator wants on a lease and on each of its claims after a [`Plan`]:
+//! pure functions, so "repair from the lease status" is the same code as "write a grant".
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{
+    ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHolder,
+};
+
+use super::decide::{EndReason, Plan, PodPresence};
+
+/// The lease status after `plan`, from the current one. `claims` supplies the new holder's
+/// identity and pod.
+pub fn lease_status(
+    current: &FencedLeaseStatus,
+    plan: &Plan,
+    claims: &[&FencedLeaseClaim],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> FencedLeaseStatus {
+    let mut next = current.clone();
+    if plan.ended.is_some() {
+        next.holder = None;
+        next.acquire_time = None;
+    }
+    if let Some(grant) = &plan.grant {
+        let claim = claims
+            .iter()
+            .find(|c| c.metadata.uid.as_deref() == Some(grant.uid.as_str()));
+        next.holder = Some(LeaseHolder {
+            claim: grant.claim.clone(),
+            claim_uid: grant.uid.clone(),
+            identity: claim
+                .map(|c| c.spec.holder_identity.clone())
+                .unwrap_or_default(),
+            pod_name: claim.and_then(|c| c.spec.pod_name.clone()),
+        });
+        next.fencing_token = grant.token;
+        next.acquire_time = Some(MicroTime(now));
+        next.lease_transitions += 1;
+    }
+    next.waiting = i32::try_from(plan.queue.len()).unwrap_or(i32::MAX);
+    next.observed_generation = generation;
+
+    let held = match (&next.holder, plan.tokens_exhausted) {
+        (Some(h), _) => (
+            "True",
+            "Held",
+            format!("held by {} with token {}", h.identity, next.fencing_token),
+        ),
+        (None, true) => (
+            "False",
+            "TokensExhausted",
+            "no token is left to issue; see spec.minToken".to_string(),
+        ),
+        (None, false) => ("False", "Free", "no claim is waiting".to_string()),
+    };
+    set_condition(
+        &mut next.conditions,
+        "Held",
+        held.0,
+        held.1,
+        &held.2,
+        generation,
+        now,
+    );
+    next
+}
+
+/// What the claim's status should say, given the lease status after the plan.
+pub fn claim_status(
+    claim: &FencedLeaseClaim,
+    lease_name: &str,
+    lease: &FencedLeaseStatus,
+    plan: &Plan,
+    pod: PodPresence,
+    now: Timestamp,
+) -> FencedLeaseClaimStatus {
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    let current = claim.status.clone().unwrap_or_default();
+    let mut next = FencedLeaseClaimStatus {
+        observed_generation: claim.metadata.generation,
+        conditions: current.conditions.clone(),
+        ..Default::default()
+    };
+    let holder = lease.holder.as_ref().is_some_and(|h| h.claim_uid == uid);
+    let ended = plan
+        .ended
+        .as_ref()
+        .filter(|e| e.uid == uid)
+        .map(|e| e.reason);
+
+    if holder {
+        next.phase = Some(ClaimPhase::Granted);
+        next.fencing_token = Some(lease.fencing_token);
+        next.grant_time = match (current.fencing_token, current.grant_time) {
+            (Some(t), Some(time)) if t == lease.fencing_token => Some(time),
+            _ => lease.acquire_time.clone(),
+        };
+        next.message = Some(format!(
+            "holds lease {lease_name} with fencing token {}",
+            lease.fencing_token
+        ));
+    } else if let Some(reason) = ended {
+        next.phase = Some(reason.claim_phase());
+        next.fencing_token = current.fencing_token;
+        next.grant_time = current.grant_time;
+        next.message = Some(ended_message(reason, lease_name));
+    } else if matches!(
+        current.phase,
+        Some(ClaimPhase::Expired | ClaimPhase::Revoked)
+    ) {
+        return FencedLeaseClaimStatus {
+            observed_generation: claim.metadata.generation,
+            ..current
+        };
+    } else if current.phase == Some(ClaimPhase::Granted) {
+        next.phase = Some(ClaimPhase::Revoked);
+        next.fencing_token = current.fencing_token;
+        next.grant_time = current.grant_time;
+        next.message = Some(format!(
+            "no longer holds lease {lease_name}: the lease status names another holder"
+        ));
+    } else {
+        next.phase = Some(ClaimPhase::Pending);
+        let position = plan
+            .queue
+            .iter()
+            .position(|n| Some(n) == claim.metadata.name.as_ref());
+        next.queue_position = position.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
+        next.message = Some(match (position, pod, &claim.spec.pod_name) {
+            (_, PodPresence::Missing, Some(pod)) => format!("waiting for pod {pod} to exist"),
+            (Some(p), _, _) => format!(
+                "waiting for lease {lease_name}: position {} in the queue",
+                p + 1
+            ),
+            (None, _, _) => format!("waiting for lease {lease_name}"),
+        });
+    }
+
+    set_condition(
+        &mut next.conditions,
+        "LeaseFound",
+        "True",
+        "Found",
+        "",
+        claim.metadata.generation,
+        now,
+    );
+    if let Some(pod_name) = &claim.spec.pod_name {
+        let (status, reason, message) = match pod {
+            PodPresence::Missing => (
+                "False",
+                "PodNotFound",
+                format!("pod {pod_name} does not exist"),
+            ),
+            _ => ("True", "Found", String::new()),
+        };
+        set_condition(
+            &mut next.conditions,
+            "PodFound",
+            status,
+            reason,
+            &message,
+            claim.metadata.generation,
+            now,
+        );
+    }
+    next
+}
+
+fn ended_message(reason: EndReason, lease: &str) -> String {
+    match reason {
+        EndReason::Expired => {
+            format!("lost lease {lease}: no heartbeat (spec.renewTime) seen for the lease duration")
+        }
+        EndReason::Released => format!("released lease {lease}"),
+        EndReason::PodDeleted => format!("lost lease {lease}: its pod was deleted"),
+        EndReason::LeaseDeleted => format!("lost lease {lease}: the lease was deleted"),
+    }
+}
+
+/// Sets condition `type_`, keeping its transition time when its status does not change.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let fresh = Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: Time(now),
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status => {
+            c.reason = fresh.reason;
+            c.message = fresh.message;
+            c.observed_generation = generation;
+        }
+        Some(c) => *c = fresh,
+        None => conditions.push(fresh),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::api::FencedLeaseClaimSpec;
+    use crate::operator::decide::{Ended, Grant};
+
+    fn claim(name: &str, phase: Option<ClaimPhase>) -> FencedLeaseClaim {
+        let mut c = FencedLeaseClaim::new(
+            name,
+            FencedLeaseClaimSpec {
+                lease_name: "l".into(),
+                holder_identity: format!("id-{name}"),
+                pod_name: None,
+                renew_time: None,
+            },
+        );
+        c.metadata.uid = Some(format!("uid-{name}"));
+        c.status = phase.map(|p| FencedLeaseClaimStatus {
+            phase: Some(p),
+            ..Default::default()
+        });
+        c
+    }
+
+    fn plan() -> Plan {
+        Plan {
+            ended: None,
+            grant: None,
+            holder_uid: None,
+            queue: vec![],
+            tokens_exhausted: false,
+            wake_at: None,
+        }
+    }
+
+    #[test]
+    fn grant_sets_holder_token_and_transitions() {
+        let a = claim("a", Some(ClaimPhase::Pending));
+        let p = Plan {
+            grant: Some(Grant {
+                claim: "a".into(),
+                uid: "uid-a".into(),
+                token: 7,
+            }),
+            queue: vec!["b".into()],
+            ..plan()
+        };
+        let s = lease_status(
+            &FencedLeaseStatus {
+                fencing_token: 6,
+                ..Default::default()
+            },
+            &p,
+            &[&a],
+            Some(1),
+            Timestamp::UNIX_EPOCH,
+        );
+        let holder = s.holder.as_ref().unwrap();
+        assert_eq!(
+            (
+                holder.claim.as_str(),
+                holder.identity.as_str(),
+                s.fencing_token
+            ),
+            ("a", "id-a", 7)
+        );
+        assert_eq!((s.lease_transitions, s.waiting), (1, 1));
+        assert_eq!(s.conditions[0].status, "True");
+
+        let cs = claim_status(
+            &a,
+            "l",
+            &s,
+            &p,
+            PodPresence::NotNamed,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(
+            (cs.phase, cs.fencing_token, cs.queue_position),
+            (Some(ClaimPhase::Granted), Some(7), None)
+        );
+    }
+
+    #[test]
+    fn ended_holder_keeps_its_token_and_says_why() {
+        let a = claim("a", Some(ClaimPhase::Granted));
+        let p = Plan {
+            ended: Some(Ended {
+                uid: "uid-a".into(),
+                reason: EndReason::Expired,
+            }),
+            ..plan()
+        };
+        let s = lease_status(
+            &FencedLeaseStatus {
+                fencing_token: 3,
+                ..Default::default()
+            },
+            &p,
+            &[&a],
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(
+            (s.holder.clone(), s.fencing_token),
+            (None, 3),
+            "the token stays as the high-water mark"
+        );
+        let mut a = a;
+        a.status.as_mut().unwrap().fencing_token = Some(3);
+        let cs = claim_status(
+            &a,
+            "l",
+            &s,
+            &p,
+            PodPresence::NotNamed,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(
+            (cs.phase, cs.fencing_token),
+            (Some(ClaimPhase::Expired), Some(3))
+        );
+        assert!(cs.message.unwrap().contains("no heartbeat"));
+    }
+
+    #[test]
+    fn waiting_claim_shows_its_position_and_a_missing_pod() {
+        let mut b = claim("b", None);
+        let p = Plan {
+            queue: vec!["a".into(), "b".into()],
+            wake_at: Some(Instant::now()),
+            ..plan()
+        };
+        let cs = claim_status(
+            &b,
+            "l",
+            &FencedLeaseStatus::default(),
+            &p,
+            PodPresence::NotNamed,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(
+            (cs.phase, cs.queue_position),
+            (Some(ClaimPhase::Pending), Some(2))
+        );
+
+        b.spec.pod_name = Some("gone".into());
+        let cs = claim_status(
+            &b,
+            "l",
+            &FencedLeaseStatus::default(),
+            &plan(),
+            PodPresence::Missing,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(cs.message.as_deref(), Some("waiting for pod gone to exist"));
+        let pod_found = cs
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "PodFound")
+            .unwrap();
+        assert_eq!(
+            (pod_found.status.as_str(), pod_found.reason.as_str()),
+            ("False", "PodNotFound")
+        );
+    }
+
+    #[test]
+    fn a_granted_claim_the_lease_does_not_name_is_revoked() {
+        let a = claim("a", Some(ClaimPhase::Granted));
+        let cs = claim_status(
+            &a,
+            "l",
+            &FencedLeaseStatus::default(),
+            &plan(),
+            PodPresence::NotNamed,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(cs.phase, Some(ClaimPhase::Revoked));
+    }
+
+    #[test]
+    fn condition_keeps_its_transition_time_while_status_holds() {
+        let mut conditions = vec![];
+        let t0 = Timestamp::UNIX_EPOCH;
+        let t1 = Timestamp::from_second(60).unwrap();
+        set_condition(&mut conditions, "Held", "True", "Held", "a", None, t0);
+        set_condition(&mut conditions, "Held", "True", "Held", "b", None, t1);
+        assert_eq!(
+            (
+                conditions[0].last_transition_time.0,
+                conditions[0].message.as_str()
+            ),
+            (t0, "b")
+        );
+        set_condition(&mut conditions, "Held", "False", "Free", "", None, t1);
+        assert_eq!(conditions[0].last_transition_time.0, t1);
+    }
+}
