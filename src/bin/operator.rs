@@ -178,15 +178,16 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         // Standbys are ready: they serve health and wait; only the leader's caches matter.
         ready.store(true, Ordering::Release);
         info!(identity = %identity, lease = %election.name, namespace = %election.namespace, "waiting for leadership");
-        let lost = loop {
+        let leadership = loop {
             match election.lead(&client, &stop).await {
-                Ok(Some(lost)) => break lost,
+                Ok(Some(leadership)) => break leadership,
                 Ok(None) => return finish(server).await,
                 Err(e) => error!(error = %e, "leader election failed; retrying"),
             }
         };
         ready.store(false, Ordering::Release);
         let on_lost = controllers_stop.clone();
+        let lost = leadership.lost.clone();
         let watch_lost = lost.clone();
         tokio::spawn(async move {
             watch_lost.cancelled().await;
@@ -194,6 +195,9 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         });
         run::run(client, settings, metrics, ready, controllers_stop).await;
         lost_leadership = lost.is_cancelled() && !stop.is_cancelled();
+        stop.cancel();
+        // Let the renewal task hand the Lease back before the process goes.
+        let _ = tokio::time::timeout(args.api_timeout, leadership.renewal).await;
     } else {
         run::run(client, settings, metrics, ready, controllers_stop).await;
     }

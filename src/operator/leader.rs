@@ -16,6 +16,15 @@ use tracing::{info, warn};
 
 use super::error::{Error, Result, timed};
 
+/// Held leadership.
+pub struct Leadership {
+    /// Cancelled when leadership is lost.
+    pub lost: CancellationToken,
+    /// The renewal task; it releases the Lease once `stop` is cancelled. Await it before
+    /// exiting, or a standby waits out the whole lease duration.
+    pub renewal: tokio::task::JoinHandle<()>,
+}
+
 /// How this replica competes for leadership.
 #[derive(Clone, Debug)]
 pub struct Election {
@@ -43,7 +52,7 @@ impl Election {
         &self,
         client: &Client,
         stop: &CancellationToken,
-    ) -> Result<Option<CancellationToken>> {
+    ) -> Result<Option<Leadership>> {
         let api = self.api(client);
         let mut seen: Option<(Option<String>, Option<MicroTime>, Instant)> = None;
         loop {
@@ -62,8 +71,8 @@ impl Election {
         }
         info!(identity = %self.identity, lease = %self.name, namespace = %self.namespace, "became leader");
         let lost = CancellationToken::new();
-        tokio::spawn(self.clone().renew(api, lost.clone(), stop.clone()));
-        Ok(Some(lost))
+        let renewal = tokio::spawn(self.clone().renew(api, lost.clone(), stop.clone()));
+        Ok(Some(Leadership { lost, renewal }))
     }
 
     /// One attempt: create the Lease, or take it when free, ours, or not renewed for a full

@@ -45,13 +45,13 @@ impl OperatorProcess {
                 "--operator-namespace",
                 &self.namespace,
             ])
-            .args([
-                "--leader-election=false",
-                "--log-format",
-                "text",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
+            .args(["--log-format", "text", "--metrics-addr", "127.0.0.1:0"])
+            .args(
+                self.extra
+                    .iter()
+                    .all(|a| !a.starts_with("--leader-election"))
+                    .then_some("--leader-election=false"),
+            )
             .args(&self.extra)
             .env("KUBECONFIG", &control_plane().kubeconfig)
             .env("RUST_LOG", "info,fenced_lease=debug")

@@ -1,0 +1,224 @@
+//! Property tests of the grant logic over random histories, no cluster: claims come and go,
+//! beat or fall silent, pods vanish, `minToken` is raised, the lease is deleted and
+//! re-created, the operator restarts, and a stale replica tries to write what it decided on
+//! an old read. The lease status write is modelled as the apiserver does it: accepted only
+//! when it carries the current resourceVersion.
+//!
+//! I1: per lease name, issued tokens strictly increase; none is issued twice.
+//! I2: at most one claim holds the lease at any time, and a claim holds it at most once.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use fenced_lease::api::ClaimPhase;
+use fenced_lease::operator::decide::{ClaimView, LeaseView, Plan, PodPresence, decide};
+use proptest::prelude::*;
+
+const DURATION: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug)]
+enum Step {
+    NewClaim,
+    DeleteClaim(usize),
+    Heartbeat(usize),
+    Advance(u64),
+    PodGone(usize),
+    RaiseMinToken(i64),
+    RecreateLease,
+    RestartOperator,
+    Reconcile,
+    StaleReplicaWrites(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => Just(Step::NewClaim),
+        2 => (0usize..8).prop_map(Step::DeleteClaim),
+        3 => (0usize..8).prop_map(Step::Heartbeat),
+        3 => (0u64..15_000).prop_map(Step::Advance),
+        1 => (0usize..8).prop_map(Step::PodGone),
+        1 => (0i64..200).prop_map(Step::RaiseMinToken),
+        1 => Just(Step::RecreateLease),
+        1 => Just(Step::RestartOperator),
+        4 => Just(Step::Reconcile),
+        2 => (1usize..6).prop_map(Step::StaleReplicaWrites),
+    ]
+}
+
+/// The lease as stored by the apiserver, with its resourceVersion.
+#[derive(Clone, Debug)]
+struct Stored {
+    rv: u64,
+    view: LeaseView,
+}
+
+struct World {
+    now: Instant,
+    lease: Stored,
+    history: Vec<Stored>,
+    claims: Vec<ClaimView>,
+    next_claim: usize,
+    issued: Vec<i64>,
+    granted_claims: BTreeSet<String>,
+}
+
+impl World {
+    fn new() -> Self {
+        let view = LeaseView { holder_uid: None, last_token: 0, high_water_mark: 0, min_token: 0, deleting: false };
+        Self {
+            now: Instant::now(),
+            lease: Stored { rv: 1, view },
+            history: vec![],
+            claims: vec![],
+            next_claim: 0,
+            issued: vec![],
+            granted_claims: BTreeSet::new(),
+        }
+    }
+
+    /// Applies a plan decided on `read` — only if `read` is still the stored version.
+    fn write(&mut self, read: &Stored, plan: &Plan) {
+        if read.rv != self.lease.rv {
+            return; // 409 Conflict
+        }
+        if plan.ended.is_none() && plan.grant.is_none() {
+            return;
+        }
+        let mut next = read.view.clone();
+        if let Some(ended) = &plan.ended {
+            next.holder_uid = None;
+            if let Some(c) = self.claims.iter_mut().find(|c| c.uid == ended.uid) {
+                c.phase = Some(ended.reason.claim_phase());
+            }
+        }
+        if let Some(grant) = &plan.grant {
+            if let Some(last) = self.issued.last() {
+                assert!(grant.token > *last, "I1: token {} issued after {last}", grant.token);
+            }
+            assert!(self.granted_claims.insert(grant.uid.clone()), "I2: claim {} granted twice", grant.uid);
+            self.issued.push(grant.token);
+            next.holder_uid = Some(grant.uid.clone());
+            next.last_token = grant.token;
+            if let Some(c) = self.claims.iter_mut().find(|c| c.uid == grant.uid) {
+                c.phase = Some(ClaimPhase::Granted);
+                c.heartbeat_deadline = self.now + DURATION; // the term starts at the grant
+            }
+        }
+        self.history.push(self.lease.clone());
+        self.lease = Stored { rv: self.lease.rv + 1, view: next };
+    }
+
+    fn apply(&mut self, step: &Step) {
+        match *step {
+            Step::NewClaim => {
+                let n = self.next_claim;
+                self.next_claim += 1;
+                self.claims.push(ClaimView {
+                    name: format!("c{n}"),
+                    uid: format!("uid-{n}"),
+                    created: i64::try_from(n / 3).unwrap(), // several per second: ties happen
+                    deleting: false,
+                    pod: if n % 4 == 0 { PodPresence::Present } else { PodPresence::NotNamed },
+                    phase: None,
+                    heartbeat_deadline: self.now + DURATION,
+                });
+            }
+            Step::DeleteClaim(i) if !self.claims.is_empty() => {
+                let i = i % self.claims.len();
+                self.claims.remove(i);
+            }
+            Step::Heartbeat(i) if !self.claims.is_empty() => {
+                let i = i % self.claims.len();
+                self.claims[i].heartbeat_deadline = self.now + DURATION;
+            }
+            Step::Advance(ms) => self.now += Duration::from_millis(ms),
+            Step::PodGone(i) if !self.claims.is_empty() => {
+                let i = i % self.claims.len();
+                if self.claims[i].pod == PodPresence::Present {
+                    self.claims[i].pod = PodPresence::Missing;
+                }
+            }
+            Step::RaiseMinToken(v) => {
+                let mut next = self.lease.view.clone();
+                next.min_token = next.min_token.max(v);
+                self.history.push(self.lease.clone());
+                self.lease = Stored { rv: self.lease.rv + 1, view: next };
+            }
+            Step::RecreateLease => {
+                // The finalizer records the last token; the new object starts empty.
+                let high_water_mark = self.lease.view.last_token.max(self.lease.view.high_water_mark);
+                for c in &mut self.claims {
+                    if Some(&c.uid) == self.lease.view.holder_uid.as_ref() {
+                        c.phase = Some(ClaimPhase::Revoked);
+                    }
+                }
+                let view = LeaseView { holder_uid: None, last_token: 0, high_water_mark, min_token: 0, deleting: false };
+                self.history.push(self.lease.clone());
+                self.lease = Stored { rv: self.lease.rv + 1, view };
+            }
+            Step::RestartOperator => {
+                for c in &mut self.claims {
+                    c.heartbeat_deadline = self.now + DURATION; // first sighting: a full term
+                }
+            }
+            Step::Reconcile => {
+                let read = self.lease.clone();
+                let plan = decide(&read.view, &self.claims, self.now);
+                self.write(&read, &plan);
+            }
+            Step::StaleReplicaWrites(age) => {
+                if let Some(read) = self.history.iter().rev().nth(age - 1).cloned() {
+                    let plan = decide(&read.view, &self.claims, self.now);
+                    self.write(&read, &plan);
+                }
+            }
+            _ => {}
+        }
+        let holders: Vec<&ClaimView> = self.claims.iter().filter(|c| c.phase == Some(ClaimPhase::Granted)).collect();
+        let live: Vec<&&ClaimView> = holders.iter().filter(|c| Some(&c.uid) == self.lease.view.holder_uid.as_ref()).collect();
+        assert!(live.len() <= 1, "I2: two live holders");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn i1_i2_tokens_only_grow_and_one_holder_at_a_time(steps in proptest::collection::vec(step(), 1..120)) {
+        let mut world = World::new();
+        for step in &steps {
+            world.apply(step);
+        }
+        let distinct: BTreeSet<i64> = world.issued.iter().copied().collect();
+        prop_assert_eq!(distinct.len(), world.issued.len(), "I1: a token was issued twice: {:?}", world.issued);
+    }
+
+    #[test]
+    fn i4_a_free_lease_is_granted_to_the_oldest_waiting_claim(n in 1usize..8) {
+        let mut world = World::new();
+        for _ in 0..n {
+            world.apply(&Step::NewClaim);
+        }
+        world.apply(&Step::Reconcile);
+        let holder = world.lease.view.holder_uid.clone();
+        let mut order: Vec<&ClaimView> = world.claims.iter().collect();
+        order.sort_by_key(|c| (c.created, c.name.clone()));
+        prop_assert_eq!(holder, Some(order[0].uid.clone()));
+    }
+}
+
+#[test]
+fn stale_replica_cannot_reissue_a_token() {
+    let mut world = World::new();
+    for step in [Step::NewClaim, Step::NewClaim, Step::Reconcile, Step::DeleteClaim(0)] {
+        world.apply(&step);
+    }
+    // A replica that read the lease before the first grant decides to grant token 1 again.
+    let stale = world.history[0].clone();
+    let plan = decide(&stale.view, &world.claims, world.now);
+    assert_eq!(plan.grant.as_ref().map(|g| g.token), Some(1), "the stale read would re-issue token 1");
+    world.write(&stale, &plan);
+    assert_eq!(world.issued, [1], "the resourceVersion check refused it");
+    world.apply(&Step::Reconcile);
+    assert_eq!(world.issued, [1, 2]);
+}
