@@ -64,7 +64,13 @@ struct World {
 
 impl World {
     fn new() -> Self {
-        let view = LeaseView { holder_uid: None, last_token: 0, high_water_mark: 0, min_token: 0, deleting: false };
+        let view = LeaseView {
+            holder_uid: None,
+            last_token: 0,
+            high_water_mark: 0,
+            min_token: 0,
+            deleting: false,
+        };
         Self {
             now: Instant::now(),
             lease: Stored { rv: 1, view },
@@ -93,9 +99,17 @@ impl World {
         }
         if let Some(grant) = &plan.grant {
             if let Some(last) = self.issued.last() {
-                assert!(grant.token > *last, "I1: token {} issued after {last}", grant.token);
+                assert!(
+                    grant.token > *last,
+                    "I1: token {} issued after {last}",
+                    grant.token
+                );
             }
-            assert!(self.granted_claims.insert(grant.uid.clone()), "I2: claim {} granted twice", grant.uid);
+            assert!(
+                self.granted_claims.insert(grant.uid.clone()),
+                "I2: claim {} granted twice",
+                grant.uid
+            );
             self.issued.push(grant.token);
             next.holder_uid = Some(grant.uid.clone());
             next.last_token = grant.token;
@@ -105,7 +119,10 @@ impl World {
             }
         }
         self.history.push(self.lease.clone());
-        self.lease = Stored { rv: self.lease.rv + 1, view: next };
+        self.lease = Stored {
+            rv: self.lease.rv + 1,
+            view: next,
+        };
     }
 
     fn apply(&mut self, step: &Step) {
@@ -118,7 +135,11 @@ impl World {
                     uid: format!("uid-{n}"),
                     created: i64::try_from(n / 3).unwrap(), // several per second: ties happen
                     deleting: false,
-                    pod: if n % 4 == 0 { PodPresence::Present } else { PodPresence::NotNamed },
+                    pod: if n % 4 == 0 {
+                        PodPresence::Present
+                    } else {
+                        PodPresence::NotNamed
+                    },
                     phase: None,
                     heartbeat_deadline: self.now + DURATION,
                 });
@@ -142,19 +163,35 @@ impl World {
                 let mut next = self.lease.view.clone();
                 next.min_token = next.min_token.max(v);
                 self.history.push(self.lease.clone());
-                self.lease = Stored { rv: self.lease.rv + 1, view: next };
+                self.lease = Stored {
+                    rv: self.lease.rv + 1,
+                    view: next,
+                };
             }
             Step::RecreateLease => {
                 // The finalizer records the last token; the new object starts empty.
-                let high_water_mark = self.lease.view.last_token.max(self.lease.view.high_water_mark);
+                let high_water_mark = self
+                    .lease
+                    .view
+                    .last_token
+                    .max(self.lease.view.high_water_mark);
                 for c in &mut self.claims {
                     if Some(&c.uid) == self.lease.view.holder_uid.as_ref() {
                         c.phase = Some(ClaimPhase::Revoked);
                     }
                 }
-                let view = LeaseView { holder_uid: None, last_token: 0, high_water_mark, min_token: 0, deleting: false };
+                let view = LeaseView {
+                    holder_uid: None,
+                    last_token: 0,
+                    high_water_mark,
+                    min_token: 0,
+                    deleting: false,
+                };
                 self.history.push(self.lease.clone());
-                self.lease = Stored { rv: self.lease.rv + 1, view };
+                self.lease = Stored {
+                    rv: self.lease.rv + 1,
+                    view,
+                };
             }
             Step::RestartOperator => {
                 for c in &mut self.claims {
@@ -174,8 +211,15 @@ impl World {
             }
             _ => {}
         }
-        let holders: Vec<&ClaimView> = self.claims.iter().filter(|c| c.phase == Some(ClaimPhase::Granted)).collect();
-        let live: Vec<&&ClaimView> = holders.iter().filter(|c| Some(&c.uid) == self.lease.view.holder_uid.as_ref()).collect();
+        let holders: Vec<&ClaimView> = self
+            .claims
+            .iter()
+            .filter(|c| c.phase == Some(ClaimPhase::Granted))
+            .collect();
+        let live: Vec<&&ClaimView> = holders
+            .iter()
+            .filter(|c| Some(&c.uid) == self.lease.view.holder_uid.as_ref())
+            .collect();
         assert!(live.len() <= 1, "I2: two live holders");
     }
 }
@@ -210,13 +254,22 @@ proptest! {
 #[test]
 fn stale_replica_cannot_reissue_a_token() {
     let mut world = World::new();
-    for step in [Step::NewClaim, Step::NewClaim, Step::Reconcile, Step::DeleteClaim(0)] {
+    for step in [
+        Step::NewClaim,
+        Step::NewClaim,
+        Step::Reconcile,
+        Step::DeleteClaim(0),
+    ] {
         world.apply(&step);
     }
     // A replica that read the lease before the first grant decides to grant token 1 again.
     let stale = world.history[0].clone();
     let plan = decide(&stale.view, &world.claims, world.now);
-    assert_eq!(plan.grant.as_ref().map(|g| g.token), Some(1), "the stale read would re-issue token 1");
+    assert_eq!(
+        plan.grant.as_ref().map(|g| g.token),
+        Some(1),
+        "the stale read would re-issue token 1"
+    );
     world.write(&stale, &plan);
     assert_eq!(world.issued, [1], "the resourceVersion check refused it");
     world.apply(&Step::Reconcile);

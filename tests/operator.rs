@@ -585,3 +585,72 @@ async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_wor
         op.log_text()
     );
 }
+
+#[tokio::test]
+async fn i7_holder_role_can_claim_renew_and_release_but_never_write_a_status() {
+    let ns = TestNamespace::new("op-rbac").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    create_lease(&ns, "l", 30).await;
+    let kubeconfig = ns.holder_service_account_kubeconfig("worker", true).await;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), &ns.name);
+    let leases: Api<FencedLease> = Api::namespaced(client, &ns.name);
+
+    // RBAC changes reach the authorizer through an informer: the first create may race it.
+    let claim: FencedLeaseClaim = serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": "mine"},
+        "spec": {"leaseName": "l", "holderIdentity": "worker"},
+        "status": {"phase": "Granted", "fencingToken": 999},
+    }))
+    .unwrap();
+    wait_for("the holder Role to take effect", WAIT, || async {
+        claims.create(&PostParams::default(), &claim).await.ok()
+    })
+    .await;
+    assert_eq!(
+        wait_granted(&ns, "mine", WAIT).await,
+        1,
+        "a status sent with the create is ignored; the operator issues the token"
+    );
+
+    let beat = json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}});
+    claims
+        .patch("mine", &PatchParams::default(), &Patch::Merge(&beat))
+        .await
+        .expect("a holder renews its claim");
+
+    let forged = json!({"status": {"fencingToken": 5000}});
+    for result in [
+        claims
+            .patch_status("mine", &PatchParams::default(), &Patch::Merge(&forged))
+            .await
+            .map(drop),
+        leases
+            .patch_status("l", &PatchParams::default(), &Patch::Merge(&forged))
+            .await
+            .map(drop),
+        leases
+            .patch(
+                "l",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"minToken": 5000}})),
+            )
+            .await
+            .map(drop),
+    ] {
+        let (code, message) = common::api_error_message(result);
+        assert_eq!(code, 403, "{message}");
+    }
+    assert_eq!(lease_token(&ns, "l").await, 1);
+
+    claims
+        .delete("mine", &DeleteParams::default())
+        .await
+        .expect("a holder releases its claim");
+}

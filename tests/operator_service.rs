@@ -17,12 +17,20 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// A plain HTTP/1.0 GET: (status code, body).
 async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes()).await.ok()?;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Some((code, body))
 }
 
@@ -31,13 +39,19 @@ async fn create(ns: &TestNamespace, lease: &str, claim: &str) {
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": lease}, "spec": {}
     }))
     .unwrap();
-    let _ = ns.api::<FencedLease>().create(&PostParams::default(), &l).await;
+    let _ = ns
+        .api::<FencedLease>()
+        .create(&PostParams::default(), &l)
+        .await;
     let c: FencedLeaseClaim = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim},
         "spec": {"leaseName": lease, "holderIdentity": claim}
     }))
     .unwrap();
-    ns.api::<FencedLeaseClaim>().create(&PostParams::default(), &c).await.unwrap();
+    ns.api::<FencedLeaseClaim>()
+        .create(&PostParams::default(), &c)
+        .await
+        .unwrap();
 }
 
 async fn granted_token(ns: &TestNamespace, claim: &str) -> Option<i64> {
@@ -51,58 +65,139 @@ async fn serves_health_and_metrics_and_stops_gracefully_on_sigterm() {
     let mut op = OperatorProcess::start(&ns.name, &[]);
     let port = op.http_port().await;
     assert_eq!(http_get(port, "/livez").await.map(|r| r.0), Some(200));
-    wait_for("/readyz to answer 200", WAIT, || async { (http_get(port, "/readyz").await?.0 == 200).then_some(()) }).await;
+    wait_for("/readyz to answer 200", WAIT, || async {
+        (http_get(port, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
 
     create(&ns, "l", "c").await;
     wait_for("the grant", WAIT, || granted_token(&ns, "c")).await;
-    let expected = format!(r#"fenced_lease_transitions_total{{namespace="{}",lease="l",transition="Granted"}} 1"#, ns.name);
+    let expected = format!(
+        r#"fenced_lease_transitions_total{{namespace="{}",lease="l",transition="Granted"}} 1"#,
+        ns.name
+    );
     let metrics = wait_for("the grant in /metrics", WAIT, || async {
         let (_, body) = http_get(port, "/metrics").await?;
         body.contains(&expected).then_some(body)
     })
     .await;
-    assert!(metrics.contains("fenced_lease_reconcile_duration_seconds_count"), "{metrics}");
-    assert!(metrics.contains(&format!(r#"fenced_lease_holders{{namespace="{}",lease="l"}} 1"#, ns.name)), "{metrics}");
+    assert!(
+        metrics.contains("fenced_lease_reconcile_duration_seconds_count"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            r#"fenced_lease_holders{{namespace="{}",lease="l"}} 1"#,
+            ns.name
+        )),
+        "{metrics}"
+    );
 
-    let status = op.terminate(Duration::from_secs(15)).expect("the operator did not stop within 15s of SIGTERM");
+    let status = op
+        .terminate(Duration::from_secs(15))
+        .expect("the operator did not stop within 15s of SIGTERM");
     assert!(status.success(), "exit status after SIGTERM: {status}");
 }
 
 #[tokio::test]
 async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
     let ns = TestNamespace::new("svc-leader").await;
-    let election = ["--leader-election=true", "--leader-election-lease-seconds", "3"];
-    let mut first = OperatorProcess::start(&ns.name, &[&election[..], &["--identity", "replica-a"]].concat());
-    wait_for("replica-a to lead", WAIT, || async { first.log_text().contains("became leader").then_some(()) }).await;
-    let mut second = OperatorProcess::start(&ns.name, &[&election[..], &["--identity", "replica-b"]].concat());
-    wait_for("replica-b to wait", WAIT, || async { second.log_text().contains("waiting for leadership").then_some(()) }).await;
+    let election = [
+        "--leader-election=true",
+        "--leader-election-lease-seconds",
+        "3",
+    ];
+    let mut first = OperatorProcess::start(
+        &ns.name,
+        &[&election[..], &["--identity", "replica-a"]].concat(),
+    );
+    wait_for("replica-a to lead", WAIT, || async {
+        first.log_text().contains("became leader").then_some(())
+    })
+    .await;
+    let mut second = OperatorProcess::start(
+        &ns.name,
+        &[&election[..], &["--identity", "replica-b"]].concat(),
+    );
+    wait_for("replica-b to wait", WAIT, || async {
+        second
+            .log_text()
+            .contains("waiting for leadership")
+            .then_some(())
+    })
+    .await;
 
     create(&ns, "l", "one").await;
-    assert_eq!(wait_for("the grant", WAIT, || granted_token(&ns, "one")).await, 1);
+    assert_eq!(
+        wait_for("the grant", WAIT, || granted_token(&ns, "one")).await,
+        1
+    );
     assert!(first.log_text().contains("granted"), "the leader granted");
-    assert!(!second.log_text().contains("granted"), "the standby must not reconcile:\n{}", second.log_text());
+    assert!(
+        !second.log_text().contains("granted"),
+        "the standby must not reconcile:\n{}",
+        second.log_text()
+    );
     let holder = |ns: &TestNamespace| {
         let api = ns.api::<Lease>();
-        async move { api.get("fenced-lease-operator").await.ok()?.spec?.holder_identity }
+        async move {
+            api.get("fenced-lease-operator")
+                .await
+                .ok()?
+                .spec?
+                .holder_identity
+        }
     };
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-a"));
 
     // The leader dies without a word: the standby waits out the lease, then takes over.
     first.kill();
     let killed = Instant::now();
-    wait_for("replica-b to lead", WAIT, || async { second.log_text().contains("became leader").then_some(()) }).await;
+    wait_for("replica-b to lead", WAIT, || async {
+        second.log_text().contains("became leader").then_some(())
+    })
+    .await;
     let takeover = killed.elapsed();
-    assert!(takeover >= Duration::from_secs(2), "took over after {takeover:?}, before the leader lease ran out");
+    assert!(
+        takeover >= Duration::from_secs(2),
+        "took over after {takeover:?}, before the leader lease ran out"
+    );
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-b"));
-    ns.api::<FencedLeaseClaim>().delete("one", &Default::default()).await.unwrap();
+    ns.api::<FencedLeaseClaim>()
+        .delete("one", &Default::default())
+        .await
+        .unwrap();
     create(&ns, "l", "two").await;
-    assert_eq!(wait_for("the grant by the new leader", WAIT, || granted_token(&ns, "two")).await, 2);
+    assert_eq!(
+        wait_for("the grant by the new leader", WAIT, || granted_token(
+            &ns, "two"
+        ))
+        .await,
+        2
+    );
 
     // A leader that stops gracefully hands over at once.
     first.restart();
-    wait_for("replica-a to wait", WAIT, || async { first.log_text().matches("waiting for leadership").count().ge(&1).then_some(()) }).await;
+    wait_for("replica-a to wait", WAIT, || async {
+        first
+            .log_text()
+            .matches("waiting for leadership")
+            .count()
+            .ge(&1)
+            .then_some(())
+    })
+    .await;
     let stopped = Instant::now();
-    second.terminate(Duration::from_secs(15)).expect("replica-b stops on SIGTERM");
-    wait_for("replica-a to lead again", WAIT, || async { (first.log_text().matches("became leader").count() >= 2).then_some(()) }).await;
-    assert!(stopped.elapsed() < Duration::from_secs(3), "graceful hand-over took {:?}", stopped.elapsed());
+    second
+        .terminate(Duration::from_secs(15))
+        .expect("replica-b stops on SIGTERM");
+    wait_for("replica-a to lead again", WAIT, || async {
+        (first.log_text().matches("became leader").count() >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(3),
+        "graceful hand-over took {:?}",
+        stopped.elapsed()
+    );
 }

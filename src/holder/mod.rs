@@ -1,7 +1,45 @@
 //! The holder side: taking a lease, keeping it with heartbeats, and knowing, from the holder's
 //! own clock, the last instant it may still act as holder (invariant I6).
+//!
+//! - [`acquire`] queues a fresh claim and returns a [`LeaseGuard`] once it is granted;
+//! - the guard renews in the background, gives out its [`token`](LeaseHandle::token) only
+//!   before its local safe deadline, signals [`lost`](LeaseHandle::lost), and releases the
+//!   lease when released or dropped;
+//! - [`elect`] builds fenced leader election on it;
+//! - [`cli`] is `kubectl fence`.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> Result<(), fenced_lease::holder::Error> {
+//! use std::time::Duration;
+//! use fenced_lease::holder::{AcquireOptions, acquire};
+//!
+//! let guard = acquire(client, "default", "db-migrate",
+//!     AcquireOptions::default().wait(Duration::from_secs(30))).await?;
+//! let token = guard.token()?; // send it with every write to the protected resource
+//! println!("holding db-migrate with token {token}");
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//! Nothing here depends on the operator.
 
 use std::time::{Duration, Instant};
+
+mod acquire;
+mod claim;
+pub mod cli;
+mod election;
+mod error;
+mod guard;
+mod keeper;
+mod options;
+mod state;
+
+pub use acquire::acquire;
+pub use election::{ElectOptions, elect};
+pub use error::{Error, LostReason};
+pub use guard::{DetachedClaim, LeaseGuard, LeaseHandle};
+pub use options::{AcquireOptions, PodRef, Timing, default_identity};
+pub use state::HoldState;
 
 /// The local safe deadline of a holder: the *send* time of its last successful renew, plus
 /// the lease duration, minus a safety margin. The operator cannot expire the holder before

@@ -1,0 +1,360 @@
+//! What `kubectl fence status` and `list` show, built from a lease and its claims (pure), and
+//! rendered as a table, JSON or YAML.
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use serde::Serialize;
+
+use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
+
+/// One lease: who holds it, its token, and its queue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseReport {
+    pub namespace: String,
+    pub name: String,
+    pub lease_duration_seconds: i32,
+    /// The last token issued.
+    pub token: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<HolderReport>,
+    /// Pending claims, next first.
+    pub waiting: Vec<QueuedClaim>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<Timestamp>,
+}
+
+/// The current holder.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderReport {
+    pub claim: String,
+    pub identity: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquire_time: Option<Timestamp>,
+    /// The holder's last heartbeat (its own clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<Timestamp>,
+    /// When it expires if no further heartbeat comes (heartbeat + duration; an estimate: the
+    /// operator times expiry on its own clock from when it saw the heartbeat).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expire_time: Option<Timestamp>,
+}
+
+/// A claim waiting in the queue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedClaim {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<i32>,
+    pub claim: String,
+    pub identity: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<Timestamp>,
+}
+
+impl LeaseReport {
+    /// The report of `lease`, given the claims of its namespace (others are ignored).
+    pub fn new(lease: &FencedLease, claims: &[FencedLeaseClaim]) -> Self {
+        let name = lease.name_any();
+        let status = lease.status.clone().unwrap_or_default();
+        let duration = SignedDuration::from_secs(i64::from(lease.spec.lease_duration_seconds));
+        let mine = || claims.iter().filter(|c| c.spec.lease_name == name);
+        let holder = status.holder.as_ref().map(|h| {
+            let renew_time = mine()
+                .find(|c| c.name_any() == h.claim)
+                .and_then(|c| c.spec.renew_time.as_ref())
+                .map(|t| t.0);
+            HolderReport {
+                claim: h.claim.clone(),
+                identity: h.identity.clone(),
+                pod: h.pod_name.clone(),
+                acquire_time: status.acquire_time.as_ref().map(|t| t.0),
+                renew_time,
+                expire_time: renew_time.and_then(|t| t.checked_add(duration).ok()),
+            }
+        });
+        let holder_claim = holder.as_ref().map(|h| h.claim.clone());
+        let mut waiting: Vec<QueuedClaim> = mine()
+            .filter(|c| Some(c.name_any()) != holder_claim)
+            .filter(|c| {
+                let phase = c.status.as_ref().and_then(|s| s.phase);
+                matches!(phase, None | Some(ClaimPhase::Pending))
+            })
+            .map(|c| QueuedClaim {
+                position: c.status.as_ref().and_then(|s| s.queue_position),
+                claim: c.name_any(),
+                identity: c.spec.holder_identity.clone(),
+                created: c.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            })
+            .collect();
+        waiting.sort_by_key(|q| (q.position.unwrap_or(i32::MAX), q.created, q.claim.clone()));
+        LeaseReport {
+            namespace: lease.namespace().unwrap_or_default(),
+            name,
+            lease_duration_seconds: lease.spec.lease_duration_seconds,
+            token: status.fencing_token,
+            holder,
+            waiting,
+            created: lease.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+
+    /// `kubectl fence status` as text, times relative to `now`.
+    pub fn detail(&self, now: Timestamp) -> String {
+        let mut out = format!(
+            "Lease:     {}/{} (duration {}s)\nToken:     {}\n",
+            self.namespace, self.name, self.lease_duration_seconds, self.token
+        );
+        match &self.holder {
+            None => out.push_str("Holder:    <none>\n"),
+            Some(h) => {
+                let pod = h
+                    .pod
+                    .as_deref()
+                    .map(|p| format!(", pod {p}"))
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "Holder:    {} (claim {}{pod})\n",
+                    h.identity, h.claim
+                ));
+                if let Some(t) = h.acquire_time {
+                    out.push_str(&format!("Acquired:  {t} ({})\n", relative(t, now)));
+                }
+                if let Some(t) = h.renew_time {
+                    out.push_str(&format!("Heartbeat: {t} ({})\n", relative(t, now)));
+                }
+                if let Some(t) = h.expire_time {
+                    out.push_str(&format!(
+                        "Expires:   {t} ({}, unless renewed)\n",
+                        relative(t, now)
+                    ));
+                }
+            }
+        }
+        out.push_str(&format!("Waiting:   {}\n", self.waiting.len()));
+        if !self.waiting.is_empty() {
+            let mut rows = vec![vec![
+                "  POSITION".to_string(),
+                "CLAIM".into(),
+                "HOLDER".into(),
+                "AGE".into(),
+            ]];
+            rows.extend(self.waiting.iter().map(|q| {
+                vec![
+                    format!("  {}", q.position.map_or("-".into(), |p| p.to_string())),
+                    q.claim.clone(),
+                    q.identity.clone(),
+                    q.created.map_or("-".into(), |t| age(t, now)),
+                ]
+            }));
+            out.push_str(&table(&rows));
+        }
+        out
+    }
+}
+
+/// `kubectl fence list` as a table.
+pub fn list_table(reports: &[LeaseReport], now: Timestamp) -> String {
+    let mut rows = vec![vec![
+        "NAME".to_string(),
+        "HOLDER".into(),
+        "TOKEN".into(),
+        "WAITING".into(),
+        "EXPIRES".into(),
+        "AGE".into(),
+    ]];
+    rows.extend(reports.iter().map(|r| {
+        let holder = r.holder.as_ref();
+        vec![
+            r.name.clone(),
+            holder.map_or("<none>".into(), |h| h.identity.clone()),
+            r.token.to_string(),
+            r.waiting.len().to_string(),
+            holder
+                .and_then(|h| h.expire_time)
+                .map_or("-".into(), |t| relative(t, now)),
+            r.created.map_or("-".into(), |t| age(t, now)),
+        ]
+    }));
+    table(&rows)
+}
+
+/// Left-aligned columns, three spaces apart, like kubectl.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}   ", width = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// "12s ago" / "in 3s".
+pub fn relative(t: Timestamp, now: Timestamp) -> String {
+    let d = t.duration_since(now);
+    if d.is_negative() {
+        format!("{} ago", short(d.unsigned_abs()))
+    } else {
+        format!("in {}", short(d.unsigned_abs()))
+    }
+}
+
+/// Age like kubectl: "12s", "3m4s", "2h5m", "3d".
+pub fn age(t: Timestamp, now: Timestamp) -> String {
+    short(now.duration_since(t).unsigned_abs())
+}
+
+fn short(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 if s % 60 == 0 => format!("{}m", s / 60),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 if (s % 3600) / 60 == 0 => format!("{}h", s / 3600),
+        3600..86400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(status: serde_json::Value) -> FencedLease {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "metadata": {"name": "db", "namespace": "prod", "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"leaseDurationSeconds": 15},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, lease: &str, who: &str, status: serde_json::Value) -> FencedLeaseClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "metadata": {"name": name, "namespace": "prod", "creationTimestamp": "2024-01-01T00:00:10Z"},
+            "spec": {"leaseName": lease, "holderIdentity": who, "renewTime": "2024-01-01T00:01:00.000000Z"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn now() -> Timestamp {
+        "2024-01-01T00:01:05Z".parse().unwrap()
+    }
+
+    #[test]
+    fn status_shows_holder_token_expiry_and_the_queue_in_order() {
+        let lease = lease(serde_json::json!({
+            "fencingToken": 7,
+            "holder": {"claim": "db-a", "claimUid": "u", "identity": "worker-1", "podName": "worker-1"},
+            "acquireTime": "2024-01-01T00:00:30.000000Z",
+        }));
+        let claims = [
+            claim(
+                "db-a",
+                "db",
+                "worker-1",
+                serde_json::json!({"phase": "Granted", "fencingToken": 7}),
+            ),
+            claim(
+                "db-c",
+                "db",
+                "worker-3",
+                serde_json::json!({"phase": "Pending", "queuePosition": 2}),
+            ),
+            claim(
+                "db-b",
+                "db",
+                "worker-2",
+                serde_json::json!({"phase": "Pending", "queuePosition": 1}),
+            ),
+            claim(
+                "db-old",
+                "db",
+                "worker-0",
+                serde_json::json!({"phase": "Expired"}),
+            ),
+            claim(
+                "other-a",
+                "other",
+                "worker-9",
+                serde_json::json!({"phase": "Pending"}),
+            ),
+        ];
+        let report = LeaseReport::new(&lease, &claims);
+        assert_eq!(report.token, 7);
+        let holder = report.holder.clone().unwrap();
+        assert_eq!(holder.identity, "worker-1");
+        assert_eq!(
+            holder.expire_time,
+            Some("2024-01-01T00:01:15Z".parse().unwrap())
+        );
+        let queue: Vec<_> = report.waiting.iter().map(|q| q.claim.as_str()).collect();
+        assert_eq!(queue, ["db-b", "db-c"]);
+
+        let text = report.detail(now());
+        assert!(text.contains("Token:     7"), "{text}");
+        assert!(
+            text.contains("Holder:    worker-1 (claim db-a, pod worker-1)"),
+            "{text}"
+        );
+        assert!(text.contains("(in 10s, unless renewed)"), "{text}");
+        assert!(text.contains("Waiting:   2"), "{text}");
+
+        let listed = list_table(&[report], now());
+        let lines: Vec<_> = listed.lines().collect();
+        assert_eq!(
+            lines[0],
+            "NAME   HOLDER     TOKEN   WAITING   EXPIRES   AGE"
+        );
+        assert_eq!(
+            lines[1],
+            "db     worker-1   7       2         in 10s    1m5s"
+        );
+    }
+
+    #[test]
+    fn a_free_lease_has_no_holder() {
+        let report = LeaseReport::new(&lease(serde_json::json!({"fencingToken": 3})), &[]);
+        assert_eq!(report.holder, None);
+        assert!(report.detail(now()).contains("Holder:    <none>"));
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["token"], 3);
+        assert!(json.get("holder").is_none());
+    }
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        let t0: Timestamp = "2024-01-01T00:00:00Z".parse().unwrap();
+        let at = |s: i64| t0.checked_add(SignedDuration::from_secs(s)).unwrap();
+        assert_eq!(age(t0, at(59)), "59s");
+        assert_eq!(age(t0, at(184)), "3m4s");
+        assert_eq!(age(t0, at(7200)), "2h");
+        assert_eq!(age(t0, at(3 * 86400 + 5)), "3d");
+        assert_eq!(relative(at(10), t0), "in 10s");
+        assert_eq!(relative(t0, at(10)), "10s ago");
+    }
+}

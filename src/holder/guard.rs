@@ -1,0 +1,209 @@
+//! The guard a holder gets once granted: its token (only while inside the local safe
+//! deadline), the `lost` signal, and release.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::error::{Error, LostReason};
+use super::keeper::{Keeper, Shared};
+use super::state::HoldState;
+
+/// A read-only, cloneable view of a held lease, for the tasks that do the holder's work.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("namespace", &self.shared.namespace)
+            .field("lease", &self.shared.lease)
+            .field("claim", &self.shared.claim)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl LeaseHandle {
+    /// The fencing token, while the lease is held. Checks the local safe deadline on every
+    /// call, so it never answers `Ok` past it, even when the renew task could not run.
+    pub fn token(&self) -> Result<i64, Error> {
+        let now = Instant::now();
+        let result = self.shared.snapshot().token_at(now);
+        result.map_err(|reason| {
+            self.shared.check_deadline(now);
+            Error::Lost {
+                lease: self.shared.lease.clone(),
+                token: self.granted_token(),
+                reason,
+            }
+        })
+    }
+
+    /// Whether the lease is held now (see [`token`](Self::token)).
+    pub fn is_held(&self) -> bool {
+        self.token().is_ok()
+    }
+
+    /// The token this claim was granted, held or not (for logs; use [`token`](Self::token)
+    /// to act).
+    pub fn granted_token(&self) -> Option<i64> {
+        match self.shared.snapshot().state {
+            HoldState::Holding { token } => Some(token),
+            HoldState::Lost { token, .. } => token,
+            HoldState::Waiting { .. } => None,
+        }
+    }
+
+    /// The hold state as last updated (the deadline is checked by [`token`](Self::token)).
+    pub fn state(&self) -> HoldState {
+        self.shared.snapshot().state
+    }
+
+    /// The local safe deadline: the lease is not held from this instant on, unless a renew
+    /// moves it.
+    pub fn deadline(&self) -> Instant {
+        self.shared.snapshot().deadline
+    }
+
+    /// Resolves when the lease is lost or released, at the latest at the local safe
+    /// deadline (from its own timer, so also when the renew task is starved).
+    pub async fn lost(&self) -> LostReason {
+        let mut rx = self.shared.subscribe();
+        loop {
+            let deadline = {
+                let t = rx.borrow_and_update();
+                if let HoldState::Lost { reason, .. } = &t.state {
+                    return reason.clone();
+                }
+                t.deadline
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    self.shared.check_deadline(Instant::now());
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return LostReason::Released;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A token cancelled when the lease is lost or released: tie the holder's work to it.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.shared.stop.child_token()
+    }
+
+    /// Namespace of the lease.
+    pub fn namespace(&self) -> &str {
+        &self.shared.namespace
+    }
+
+    /// Name of the lease.
+    pub fn lease(&self) -> &str {
+        &self.shared.lease
+    }
+
+    /// Name of this holder's `FencedLeaseClaim`.
+    pub fn claim(&self) -> &str {
+        &self.shared.claim
+    }
+
+    /// The holder identity written in the claim.
+    pub fn identity(&self) -> &str {
+        &self.shared.identity
+    }
+}
+
+/// A granted lease. Renews in the background; dropping it releases the lease (best effort,
+/// from a spawned task); [`release`](Self::release) does so and waits.
+pub struct LeaseGuard {
+    handle: LeaseHandle,
+    keeper: Keeper,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.handle.fmt(f)
+    }
+}
+
+impl Deref for LeaseGuard {
+    type Target = LeaseHandle;
+
+    fn deref(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(keeper: Keeper) -> Self {
+        LeaseGuard {
+            handle: LeaseHandle {
+                shared: keeper.shared.clone(),
+            },
+            keeper,
+        }
+    }
+
+    /// A cloneable view for other tasks; it stops reporting the lease as held once this
+    /// guard is released or dropped.
+    pub fn handle(&self) -> LeaseHandle {
+        self.handle.clone()
+    }
+
+    /// Stops acting as holder at once, then deletes the claim so that the next waiter is
+    /// granted without waiting for expiry.
+    pub async fn release(self) -> Result<(), Error> {
+        self.keeper.discard(LostReason::Released).await
+    }
+
+    /// Stops renewing and leaves the claim in place, for a caller that takes over the
+    /// heartbeat (or lets the claim expire): `kubectl fence acquire`.
+    pub fn detach(self) -> DetachedClaim {
+        let claim = DetachedClaim {
+            namespace: self.handle.namespace().into(),
+            lease: self.handle.lease().into(),
+            claim: self.handle.claim().into(),
+            identity: self.handle.identity().into(),
+            token: self.handle.granted_token(),
+            lease_duration: self.keeper.shared.timing.duration,
+        };
+        self.keeper.detach();
+        claim
+    }
+}
+
+/// A granted claim left in place by [`LeaseGuard::detach`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DetachedClaim {
+    /// Namespace of the lease.
+    pub namespace: String,
+    /// Lease name.
+    pub lease: String,
+    /// Claim name: delete it to release.
+    pub claim: String,
+    /// Holder identity.
+    pub identity: String,
+    /// The token granted.
+    pub token: Option<i64>,
+    /// The claim expires this long after its last heartbeat.
+    #[serde(with = "humantime_serde_secs")]
+    pub lease_duration: std::time::Duration,
+}
+
+mod humantime_serde_secs {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+}
