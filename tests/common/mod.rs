@@ -333,6 +333,11 @@ impl TestNamespace {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        self.service_account_kubeconfig(name)
+    }
+
+    /// Writes a kubeconfig that authenticates as ServiceAccount `name` of this namespace.
+    pub fn service_account_kubeconfig(&self, name: &str) -> PathBuf {
         let token = run(self
             .kubectl()
             .args(["create", "token", name, "--duration=1h"]))

@@ -12,12 +12,19 @@ pub struct OperatorProcess {
     pub log: PathBuf,
     namespace: String,
     extra: Vec<String>,
+    kubeconfig: PathBuf,
 }
 
 impl OperatorProcess {
     /// Starts an operator that watches `namespace` (and keeps its state there), leader
-    /// election off, metrics on a free port. `extra` adds flags.
+    /// election off, metrics on a free port. `extra` adds flags; the pseudo-flag
+    /// `--all-namespaces` makes it watch every namespace.
     pub fn start(namespace: &str, extra: &[&str]) -> Self {
+        Self::start_as(namespace, extra, &control_plane().kubeconfig)
+    }
+
+    /// Like [`start`](Self::start), authenticating with `kubeconfig`.
+    pub fn start_as(namespace: &str, extra: &[&str], kubeconfig: &std::path::Path) -> Self {
         let log = std::env::temp_dir().join(format!(
             "{namespace}-operator-{:08x}.log",
             rand::random::<u32>()
@@ -27,6 +34,7 @@ impl OperatorProcess {
             log,
             namespace: namespace.into(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            kubeconfig: kubeconfig.to_path_buf(),
         };
         op.spawn();
         op
@@ -39,12 +47,12 @@ impl OperatorProcess {
             .open(&self.log)
             .expect("operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_fenced-lease-operator"))
-            .args([
-                "--namespace",
-                &self.namespace,
-                "--operator-namespace",
-                &self.namespace,
-            ])
+            .args(["--operator-namespace", &self.namespace])
+            .args(
+                ["--namespace", &self.namespace]
+                    .into_iter()
+                    .filter(|_| !self.extra.iter().any(|a| a == "--all-namespaces")),
+            )
             .args(["--log-format", "text", "--metrics-addr", "127.0.0.1:0"])
             .args(
                 self.extra
@@ -52,8 +60,8 @@ impl OperatorProcess {
                     .all(|a| !a.starts_with("--leader-election"))
                     .then_some("--leader-election=false"),
             )
-            .args(&self.extra)
-            .env("KUBECONFIG", &control_plane().kubeconfig)
+            .args(self.extra.iter().filter(|a| *a != "--all-namespaces"))
+            .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,fenced_lease=debug")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -1,0 +1,121 @@
+//! I1 across the CRDs being uninstalled and installed again: every FencedLease is deleted
+//! with its CRD, yet a lease re-created under the same name continues above its last token.
+//! A test binary of its own: it removes the CRDs cluster-wide, so nothing else may run
+//! beside it (cargo runs test binaries one after another).
+
+mod common;
+
+use std::time::Duration;
+
+use common::operator::OperatorProcess;
+use common::{TestNamespace, control_plane, repo_root, wait_for};
+use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn grant_one(ns: &TestNamespace, claim: &str) -> i64 {
+    let c: FencedLeaseClaim = serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim},
+        "spec": {"leaseName": "l", "holderIdentity": claim}
+    }))
+    .unwrap();
+    ns.api::<FencedLeaseClaim>()
+        .create(&PostParams::default(), &c)
+        .await
+        .unwrap();
+    let token = wait_for(&format!("{claim} granted"), WAIT, || async {
+        let status = ns.api::<FencedLeaseClaim>().get(claim).await.ok()?.status?;
+        (status.phase == Some(ClaimPhase::Granted)).then_some(status.fencing_token?)
+    })
+    .await;
+    ns.api::<FencedLeaseClaim>()
+        .delete(claim, &DeleteParams::default())
+        .await
+        .unwrap();
+    token
+}
+
+async fn create_lease(ns: &TestNamespace) {
+    let lease: FencedLease = serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {}
+    }))
+    .unwrap();
+    ns.api::<FencedLease>()
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
+    let ns = TestNamespace::new("crd-reinstall").await;
+    // Cluster-wide, so it also finalizes leases other tests left behind and the CRD can go.
+    let op = OperatorProcess::start(&ns.name, &["--all-namespaces"]);
+    create_lease(&ns).await;
+    for (i, claim) in ["a", "b", "c"].into_iter().enumerate() {
+        assert_eq!(grant_one(&ns, claim).await, i64::try_from(i).unwrap() + 1);
+    }
+
+    let cp = control_plane();
+    let out = cp
+        .kubectl_cmd()
+        .args([
+            "delete",
+            "crd",
+            "fencedleases.fencing.dev",
+            "fencedleaseclaims.fencing.dev",
+            "--timeout=60s",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "delete CRDs: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        op.log_text()
+    );
+    let out = cp
+        .kubectl_cmd()
+        .args(["apply", "-f"])
+        .arg(repo_root().join("crds"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cp
+        .kubectl_cmd()
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/fencedleases.fencing.dev",
+            "crd/fencedleaseclaims.fencing.dev",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The CRD was just created: the first writes may still meet a discovery gap.
+    wait_for("the re-installed CRD to serve", WAIT, || async {
+        let lease: FencedLease = serde_json::from_value(json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {}
+        }))
+        .unwrap();
+        ns.api::<FencedLease>().create(&PostParams::default(), &lease).await.ok()
+    })
+    .await;
+    assert_eq!(
+        grant_one(&ns, "d").await,
+        4,
+        "the token continues above the last one issued before the reinstall"
+    );
+}

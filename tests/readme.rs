@@ -1,0 +1,130 @@
+//! The README's examples are copied from here, and run here: a test fails when the README
+//! and the code that runs drift apart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::operator::OperatorProcess;
+use common::{TestNamespace, repo_root, wait_for};
+use fenced_lease::api::FencedLease;
+use kube::api::PostParams;
+use serde_json::json;
+
+fn readme() -> String {
+    std::fs::read_to_string(repo_root().join("README.md")).expect("README.md")
+}
+
+/// The lines between `// README: rust` and `// README: end` in this file, unindented.
+fn rust_example() -> String {
+    let source = std::fs::read_to_string(repo_root().join("tests/readme.rs")).unwrap();
+    let start = source.find("// README: rust\n").expect("start marker") + "// README: rust\n".len();
+    let end = source[start..].find("// README: end").expect("end marker") + start;
+    source[start..end]
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .map(|l| format!("{}\n", l.trim_end()))
+        .collect::<String>()
+        .trim_end()
+        .to_string()
+}
+
+async fn lease(ns: &TestNamespace, name: &str) {
+    let lease: FencedLease = serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": name}, "spec": {}
+    }))
+    .unwrap();
+    ns.api::<FencedLease>()
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn readme_rust_example_runs() -> Result<(), fenced_lease::holder::Error> {
+    let example = rust_example();
+    assert!(
+        example.lines().count() <= 15,
+        "the README example grew past 15 lines:\n{example}"
+    );
+    assert!(
+        readme().contains(&example),
+        "README.md does not show the example of tests/readme.rs:\n{example}"
+    );
+
+    let ns = TestNamespace::new("readme-rust").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    lease(&ns, "db-migrate").await;
+    let (client, namespace) = (ns.holder_client().await, ns.name.as_str());
+
+    // README: rust
+    use fenced_lease::holder::{AcquireOptions, acquire};
+    use std::time::Duration;
+
+    let options = AcquireOptions::default()
+        .identity("worker-1")
+        .wait(Duration::from_secs(30));
+    let guard = acquire(client, namespace, "db-migrate", options).await?;
+    let token = guard.token()?; // refuses once the lease may have been lost
+    // Send the token with every write; the resource refuses tokens lower than it has seen:
+    //   UPDATE jobs SET state = $1, fence_token = $2 WHERE id = $3 AND fence_token <= $2
+    println!("holding db-migrate with token {token}");
+    tokio::select! {
+        reason = guard.lost() => eprintln!("lost the lease ({reason:?}): stop writing"),
+        () = tokio::time::sleep(Duration::from_millis(200)) => {} // the work
+    }
+    guard.release().await?; // the next waiter is granted at once
+    // README: end
+
+    assert_eq!(token, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn readme_kubectl_fence_run_example_runs() {
+    let readme = readme();
+    let command = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("$ kubectl fence run "))
+        .map(|rest| format!("kubectl fence run {rest}"))
+        .expect("the README shows `$ kubectl fence run ...`");
+
+    let ns = TestNamespace::new("readme-run").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    lease(&ns, "db-migrate").await;
+    let kubeconfig = ns.holder_service_account_kubeconfig("worker", true).await;
+    // `kubectl fence` finds the plugin on PATH, as it would for a user.
+    let plugin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let kubectl_dir = common::control_plane()
+        .kubectl
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = std::env::join_paths([plugin_dir, kubectl_dir].into_iter().chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let output = wait_for(
+        "the README's kubectl fence run to succeed",
+        Duration::from_secs(60),
+        || async {
+            let out = tokio::process::Command::new("sh")
+                .args(["-c", &command])
+                .env("PATH", &path)
+                .env("KUBECONFIG", &kubeconfig)
+                .output()
+                .await
+                .ok()?;
+            out.status.success().then_some(out)
+        },
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("token 1"),
+        "output of `{command}`:\n{stdout}"
+    );
+}
