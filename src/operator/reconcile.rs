@@ -40,8 +40,11 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
 /// Failed reconciles are retried with a short delay; the error is counted and reported.
 pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(error.metric_label());
-    warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile failed");
-    if !error.is_conflict() {
+    if error.is_conflict() {
+        // Someone else moved first; deciding again on fresh state is routine.
+        tracing::debug!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile conflicted");
+    } else {
+        warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile failed");
         let ctx = ctx.clone();
         let reference = lease.object_ref(&());
         let note = format!("{error}");
@@ -64,7 +67,11 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
 
     if !deleting && !high_water::has_finalizer(&lease) {
         // No token is issued before the finalizer that will record it is in place.
-        high_water::add_finalizer(ctx, &api, &lease).await?;
+        match high_water::add_finalizer(ctx, &api, &lease).await {
+            // Our cached copy is older than the lease: its update event is on its way.
+            Err(e) if e.is_conflict() => return Ok(Action::requeue(Duration::from_millis(100))),
+            result => result?,
+        }
         return Ok(Action::await_change());
     }
 

@@ -229,6 +229,8 @@ pub async fn run(
                 Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
                     tracing::debug!(lease = %obj, "no such lease")
                 }
+                // Logged, counted and reported by the error policy already.
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
                 Err(e) => warn!(error = %e, "lease controller"),
                 Ok(_) => {}
             }
@@ -239,7 +241,9 @@ pub async fn run(
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| {
-            if let Err(e) = result {
+            if let Err(e) = result
+                && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
+            {
                 warn!(error = %e, "claim controller");
             }
             future::ready(())
