@@ -9,25 +9,16 @@ use std::time::Duration;
 
 use common::operator::OperatorProcess;
 use common::{TestNamespace, control_plane, repo_root, wait_for};
-use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
+use fenced_lease::api::{FencedLease, FencedLeaseClaim};
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn grant_one(ns: &TestNamespace, claim: &str) -> i64 {
-    let c: FencedLeaseClaim = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim},
-        "spec": {"leaseName": "l", "holderIdentity": claim}
-    }))
-    .unwrap();
-    ns.api::<FencedLeaseClaim>()
-        .create(&PostParams::default(), &c)
-        .await
-        .unwrap();
-    let token = wait_for(&format!("{claim} granted"), WAIT, || async {
-        let status = ns.api::<FencedLeaseClaim>().get(claim).await.ok()?.status?;
-        (status.phase == Some(ClaimPhase::Granted)).then_some(status.fencing_token?)
+    ns.create_claim(claim, "l", None).await;
+    let token = wait_for(&format!("{claim} granted"), WAIT, || {
+        ns.granted_token(claim)
     })
     .await;
     ns.api::<FencedLeaseClaim>()
@@ -37,23 +28,12 @@ async fn grant_one(ns: &TestNamespace, claim: &str) -> i64 {
     token
 }
 
-async fn create_lease(ns: &TestNamespace) {
-    let lease: FencedLease = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {}
-    }))
-    .unwrap();
-    ns.api::<FencedLease>()
-        .create(&PostParams::default(), &lease)
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
     let ns = TestNamespace::new("crd-reinstall").await;
     // Cluster-wide, so it also finalizes leases other tests left behind and the CRD can go.
     let op = OperatorProcess::start(&ns.name, &["--all-namespaces"]);
-    create_lease(&ns).await;
+    ns.create_lease("l", 15);
     for (i, claim) in ["a", "b", "c"].into_iter().enumerate() {
         assert_eq!(grant_one(&ns, claim).await, i64::try_from(i).unwrap() + 1);
     }

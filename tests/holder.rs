@@ -13,7 +13,6 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
 use fenced_lease::holder::{AcquireOptions, Error, LostReason, acquire};
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -173,7 +172,7 @@ async fn a_holder_whose_heartbeats_fail_loses_before_anyone_else_is_granted() {
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db", 3);
     let kubeconfig = ns.holder_service_account_kubeconfig("cut-off", true).await;
-    let cut_off = sa_client(&kubeconfig).await;
+    let cut_off = common::client_from_kubeconfig(&kubeconfig).await;
     let admin = ns.holder_client().await;
 
     let guard = acquire(cut_off, &ns.name, "db", options("cut-off"))
@@ -213,15 +212,6 @@ async fn a_holder_whose_heartbeats_fail_loses_before_anyone_else_is_granted() {
     );
 }
 
-async fn sa_client(kubeconfig: &std::path::Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config");
-    config.read_timeout = None;
-    Client::try_from(config).expect("client")
-}
-
 /// The paused holder: this test binary, re-run as a child that acquires and then, every
 /// 20 ms, prints whether it holds the lease and how long since it last looked.
 #[tokio::test]
@@ -233,7 +223,7 @@ async fn paused_holder_child() {
     ) else {
         return;
     };
-    let client = sa_client(std::path::Path::new(&kubeconfig)).await;
+    let client = common::client_from_kubeconfig(std::path::Path::new(&kubeconfig)).await;
     let guard = acquire(client, &ns, "db", options("paused"))
         .await
         .expect("child acquires");

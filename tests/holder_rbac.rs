@@ -10,16 +10,6 @@ use std::time::Duration;
 use common::TestNamespace;
 use common::operator::OperatorProcess;
 use fenced_lease::holder::{AcquireOptions, Error, acquire};
-use kube::Client;
-
-async fn client_from(kubeconfig: &std::path::Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config");
-    config.read_timeout = None;
-    Client::try_from(config).expect("client")
-}
 
 #[tokio::test]
 async fn the_holder_role_is_enough_for_everything_a_holder_does() {
@@ -27,7 +17,7 @@ async fn the_holder_role_is_enough_for_everything_a_holder_does() {
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db", 3);
     let kubeconfig = ns.holder_service_account_kubeconfig("worker", true).await;
-    let client = client_from(&kubeconfig).await;
+    let client = common::client_from_kubeconfig(&kubeconfig).await;
 
     let guard = acquire(
         client.clone(),
@@ -91,7 +81,7 @@ async fn without_the_role_a_holder_is_told_it_is_forbidden() {
     let kubeconfig = ns
         .holder_service_account_kubeconfig("stranger", false)
         .await;
-    let client = client_from(&kubeconfig).await;
+    let client = common::client_from_kubeconfig(&kubeconfig).await;
     let err = acquire(
         client,
         &ns.name,

@@ -17,36 +17,6 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn create_lease(ns: &TestNamespace, name: &str, duration_seconds: i32) {
-    let lease: FencedLease = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
-        "metadata": {"name": name}, "spec": {"leaseDurationSeconds": duration_seconds},
-    }))
-    .unwrap();
-    ns.api::<FencedLease>()
-        .create(&PostParams::default(), &lease)
-        .await
-        .expect("create lease");
-}
-
-async fn create_claim(ns: &TestNamespace, name: &str, lease: &str, pod: Option<&str>) -> String {
-    let mut spec = json!({"leaseName": lease, "holderIdentity": name});
-    if let Some(pod) = pod {
-        spec["podName"] = json!(pod);
-    }
-    let claim: FencedLeaseClaim = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap();
-    let created = ns
-        .api::<FencedLeaseClaim>()
-        .create(&PostParams::default(), &claim)
-        .await
-        .expect("create claim");
-    created.metadata.uid.unwrap()
-}
-
 async fn create_pod(ns: &TestNamespace, name: &str) {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -152,11 +122,11 @@ fn kubectl_table(ns: &TestNamespace, what: &str) -> String {
 async fn i1_i4_first_claim_gets_token_one_second_waits_and_is_handed_the_lease_on_release() {
     let ns = TestNamespace::new("op-fifo").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    create_lease(&ns, "db", 60).await;
+    ns.create_lease("db", 60);
 
-    create_claim(&ns, "first", "db", None).await;
+    ns.create_claim("first", "db", None).await;
     assert_eq!(wait_granted(&ns, "first", WAIT).await, 1);
-    create_claim(&ns, "second", "db", None).await;
+    ns.create_claim("second", "db", None).await;
     wait_for("second to wait at position 1", WAIT, || async {
         (claim_state(&ns, "second").await == (Some(ClaimPhase::Pending), None, Some(1)))
             .then_some(())
@@ -205,12 +175,12 @@ async fn i3_silent_holder_expires_after_the_lease_duration_and_not_before() {
     let ns = TestNamespace::new("op-expire").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     const DURATION: Duration = Duration::from_secs(3);
-    create_lease(&ns, "job", 3).await;
+    ns.create_lease("job", 3);
 
     // A holder that keeps beating keeps the lease past several durations.
-    create_claim(&ns, "beating", "job", None).await;
+    ns.create_claim("beating", "job", None).await;
     assert_eq!(wait_granted(&ns, "beating", WAIT).await, 1);
-    create_claim(&ns, "next", "job", None).await;
+    ns.create_claim("next", "job", None).await;
     let until = Instant::now() + DURATION * 3;
     while Instant::now() < until {
         heartbeat(&ns, "beating").await;
@@ -249,9 +219,9 @@ async fn i1_operator_killed_after_a_grant_issues_no_token_twice_and_expires_no_o
     let ns = TestNamespace::new("op-restart").await;
     let mut op = OperatorProcess::start(&ns.name, &[]);
     const DURATION: Duration = Duration::from_secs(4);
-    create_lease(&ns, "l", 4).await;
-    create_claim(&ns, "a", "l", None).await;
-    create_claim(&ns, "b", "l", None).await;
+    ns.create_lease("l", 4);
+    ns.create_claim("a", "l", None).await;
+    ns.create_claim("b", "l", None).await;
     assert_eq!(wait_granted(&ns, "a", WAIT).await, 1);
     op.kill();
     op.restart();
@@ -278,12 +248,13 @@ async fn i1_operator_killed_after_a_grant_issues_no_token_twice_and_expires_no_o
 
 #[tokio::test]
 async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
+    const ROUNDS: i64 = 20;
     let ns = TestNamespace::new("op-race").await;
-    let _a = OperatorProcess::start(&ns.name, &[]);
-    let _b = OperatorProcess::start(&ns.name, &[]);
+    let a = OperatorProcess::start(&ns.name, &[]);
+    let b = OperatorProcess::start(&ns.name, &[]);
     let leases = ["x", "y", "z"];
     for lease in leases {
-        create_lease(&ns, lease, 30).await;
+        ns.create_lease(lease, 30);
     }
 
     // Watch every lease status the apiserver stores: tokens never go down, and no two
@@ -318,10 +289,11 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
 
     // Churn: claims come, are granted, and release, on all leases at once.
     let mut claim_tokens: BTreeMap<String, i64> = BTreeMap::new();
-    for round in 0..6 {
+    for round in 0..ROUNDS {
         for lease in leases {
             for i in 0..2 {
-                create_claim(&ns, &format!("{lease}-{round}-{i}"), lease, None).await;
+                ns.create_claim(&format!("{lease}-{round}-{i}"), lease, None)
+                    .await;
             }
         }
         for lease in leases {
@@ -342,7 +314,7 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
         let history: Vec<&(String, i64, Option<String>)> =
             seen.iter().filter(|(l, _, _)| l == lease).collect();
         assert!(
-            history.len() >= 12,
+            history.len() >= usize::try_from(2 * ROUNDS).unwrap(),
             "lease {lease}: the watch saw only {} statuses",
             history.len()
         );
@@ -377,8 +349,10 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
         );
         assert_eq!(
             distinct,
-            (1..=12).collect(),
-            "lease {lease}: 12 grants, tokens 1..=12"
+            (1..=2 * ROUNDS).collect(),
+            "lease {lease}: {} grants, tokens 1..={}",
+            2 * ROUNDS,
+            2 * ROUNDS
         );
     }
     let grants = granted_events(&ns).await;
@@ -390,20 +364,37 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
             .collect();
         assert_eq!(
             tokens,
-            (1..=12).collect::<Vec<_>>(),
+            (1..=2 * ROUNDS).collect::<Vec<_>>(),
             "lease {lease}: every token granted exactly once"
         );
     }
+
+    // The two really raced: some of their status writes were refused on resourceVersion.
+    let mut conflicts = 0;
+    for op in [&a, &b] {
+        let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
+            .await
+            .expect("metrics");
+        conflicts += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("fenced_lease_status_conflicts_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("the conflicts counter");
+    }
+    assert!(
+        conflicts > 0,
+        "the two operators never collided, so the race was not exercised"
+    );
 }
 
 #[tokio::test]
 async fn i1_recreated_lease_and_raised_min_token_only_go_up() {
     let ns = TestNamespace::new("op-recreate").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    create_lease(&ns, "l", 30).await;
+    ns.create_lease("l", 30);
     for i in 0..3 {
         let name = format!("c{i}");
-        create_claim(&ns, &name, "l", None).await;
+        ns.create_claim(&name, "l", None).await;
         assert_eq!(wait_granted(&ns, &name, WAIT).await, i + 1);
         ns.api::<FencedLeaseClaim>()
             .delete(&name, &DeleteParams::default())
@@ -424,8 +415,8 @@ async fn i1_recreated_lease_and_raised_min_token_only_go_up() {
             .then_some(())
     })
     .await;
-    create_lease(&ns, "l", 30).await;
-    create_claim(&ns, "after", "l", None).await;
+    ns.create_lease("l", 30);
+    ns.create_claim("after", "l", None).await;
     assert_eq!(
         wait_granted(&ns, "after", WAIT).await,
         4,
@@ -444,7 +435,7 @@ async fn i1_recreated_lease_and_raised_min_token_only_go_up() {
         )
         .await
         .unwrap();
-    create_claim(&ns, "restored", "l", None).await;
+    ns.create_claim("restored", "l", None).await;
     assert_eq!(
         wait_granted(&ns, "restored", WAIT).await,
         1001,
@@ -456,7 +447,7 @@ async fn i1_recreated_lease_and_raised_min_token_only_go_up() {
 async fn i5_holder_pod_carries_the_token_until_it_stops_holding_and_its_deletion_releases() {
     let ns = TestNamespace::new("op-pods").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    create_lease(&ns, "l", 30).await;
+    ns.create_lease("l", 30);
     create_pod(&ns, "holder-a").await;
     create_pod(&ns, "holder-b").await;
     let key = token_annotation_key("l");
@@ -475,8 +466,8 @@ async fn i5_holder_pod_carries_the_token_until_it_stops_holding_and_its_deletion
         }
     };
 
-    create_claim(&ns, "a", "l", Some("holder-a")).await;
-    create_claim(&ns, "b", "l", Some("holder-b")).await;
+    ns.create_claim("a", "l", Some("holder-a")).await;
+    ns.create_claim("b", "l", Some("holder-b")).await;
     assert_eq!(wait_granted(&ns, "a", WAIT).await, 1);
     wait_for("holder-a annotated with token 1", WAIT, || async {
         (annotation("holder-a").await.as_deref() == Some("1")).then_some(())
@@ -515,10 +506,10 @@ async fn i5_holder_pod_carries_the_token_until_it_stops_holding_and_its_deletion
 async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_working() {
     let ns = TestNamespace::new("op-garbage").await;
     let op = OperatorProcess::start(&ns.name, &[]);
-    create_lease(&ns, "real", 30).await;
+    ns.create_lease("real", 30);
 
     // A claim for a lease that does not exist.
-    create_claim(&ns, "lost", "no-such-lease", None).await;
+    ns.create_claim("lost", "no-such-lease", None).await;
     wait_for("LeaseFound=False on the claim", WAIT, || async {
         let claim = ns.api::<FencedLeaseClaim>().get("lost").await.ok()?;
         let status = claim.status?;
@@ -534,8 +525,8 @@ async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_wor
     })
     .await;
     // A claim naming a pod that does not exist waits and says why.
-    create_claim(&ns, "ghost", "real", Some("no-such-pod")).await;
-    create_claim(&ns, "ok", "real", None).await;
+    ns.create_claim("ghost", "real", Some("no-such-pod")).await;
+    ns.create_claim("ok", "real", None).await;
     assert_eq!(
         wait_granted(&ns, "ok", WAIT).await,
         1,
@@ -565,7 +556,7 @@ async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_wor
         .await
         .unwrap();
     wait_phase(&ns, "ok", ClaimPhase::Revoked).await;
-    create_claim(&ns, "fresh", "real", None).await;
+    ns.create_claim("fresh", "real", None).await;
     assert_eq!(wait_granted(&ns, "fresh", WAIT).await, 8);
 
     let events: Vec<String> = ns
@@ -590,7 +581,7 @@ async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_wor
 async fn i7_holder_role_can_claim_renew_and_release_but_never_write_a_status() {
     let ns = TestNamespace::new("op-rbac").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    create_lease(&ns, "l", 30).await;
+    ns.create_lease("l", 30);
     let kubeconfig = ns.holder_service_account_kubeconfig("worker", true).await;
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),

@@ -7,18 +7,13 @@ use std::time::Duration;
 
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
-use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
+use fenced_lease::api::{FencedLease, FencedLeaseClaim, token_annotation_key};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn granted(ns: &TestNamespace, claim: &str) -> Option<i64> {
-    let status = ns.api::<FencedLeaseClaim>().get(claim).await.ok()?.status?;
-    (status.phase == Some(ClaimPhase::Granted)).then_some(status.fencing_token?)
-}
 
 async fn create<
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -113,7 +108,10 @@ async fn operator_works_with_only_its_documented_role() {
         create::<FencedLeaseClaim>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim}, "spec": spec})).await;
     }
     // RBAC bindings reach the authorizer through an informer; the operator retries.
-    assert_eq!(wait_for("a granted", WAIT, || granted(&ns, "a")).await, 1);
+    assert_eq!(
+        wait_for("a granted", WAIT, || ns.granted_token("a")).await,
+        1
+    );
     let key = token_annotation_key("l");
     wait_for("the pod annotated", WAIT, || async {
         let pod = ns.api::<Pod>().get("p").await.ok()?;
@@ -124,7 +122,10 @@ async fn operator_works_with_only_its_documented_role() {
         .delete("a", &DeleteParams::default())
         .await
         .unwrap();
-    assert_eq!(wait_for("b granted", WAIT, || granted(&ns, "b")).await, 2);
+    assert_eq!(
+        wait_for("b granted", WAIT, || ns.granted_token("b")).await,
+        2
+    );
 
     // Deletion goes through the finalizer, which writes the ConfigMap it may write.
     ns.api::<FencedLease>()

@@ -6,57 +6,23 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::operator::OperatorProcess;
-use common::{TestNamespace, wait_for};
-use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
+use common::{TestNamespace, http_get, wait_for};
+use fenced_lease::api::{FencedLease, FencedLeaseClaim};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::PostParams;
-use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A plain HTTP/1.0 GET: (status code, body).
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((code, body))
-}
-
 async fn create(ns: &TestNamespace, lease: &str, claim: &str) {
-    let l: FencedLease = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": lease}, "spec": {}
-    }))
-    .unwrap();
-    let _ = ns
+    if ns
         .api::<FencedLease>()
-        .create(&PostParams::default(), &l)
-        .await;
-    let c: FencedLeaseClaim = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim},
-        "spec": {"leaseName": lease, "holderIdentity": claim}
-    }))
-    .unwrap();
-    ns.api::<FencedLeaseClaim>()
-        .create(&PostParams::default(), &c)
+        .get_opt(lease)
         .await
-        .unwrap();
-}
-
-async fn granted_token(ns: &TestNamespace, claim: &str) -> Option<i64> {
-    let status = ns.api::<FencedLeaseClaim>().get(claim).await.ok()?.status?;
-    (status.phase == Some(ClaimPhase::Granted)).then_some(status.fencing_token?)
+        .unwrap()
+        .is_none()
+    {
+        ns.create_lease(lease, 15);
+    }
+    ns.create_claim(claim, lease, None).await;
 }
 
 #[tokio::test]
@@ -71,7 +37,7 @@ async fn serves_health_and_metrics_and_stops_gracefully_on_sigterm() {
     .await;
 
     create(&ns, "l", "c").await;
-    wait_for("the grant", WAIT, || granted_token(&ns, "c")).await;
+    wait_for("the grant", WAIT, || ns.granted_token("c")).await;
     let expected = format!(
         r#"fenced_lease_transitions_total{{namespace="{}",lease="l",transition="Granted"}} 1"#,
         ns.name
@@ -129,7 +95,7 @@ async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
 
     create(&ns, "l", "one").await;
     assert_eq!(
-        wait_for("the grant", WAIT, || granted_token(&ns, "one")).await,
+        wait_for("the grant", WAIT, || ns.granted_token("one")).await,
         1
     );
     assert!(first.log_text().contains("granted"), "the leader granted");
@@ -169,9 +135,8 @@ async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
         .unwrap();
     create(&ns, "l", "two").await;
     assert_eq!(
-        wait_for("the grant by the new leader", WAIT, || granted_token(
-            &ns, "two"
-        ))
+        wait_for("the grant by the new leader", WAIT, || ns
+            .granted_token("two"))
         .await,
         2
     );

@@ -7,9 +7,6 @@ use std::time::Duration;
 
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
-use fenced_lease::api::FencedLease;
-use kube::api::PostParams;
-use serde_json::json;
 
 fn readme() -> String {
     std::fs::read_to_string(repo_root().join("README.md")).expect("README.md")
@@ -29,17 +26,6 @@ fn rust_example() -> String {
         .to_string()
 }
 
-async fn lease(ns: &TestNamespace, name: &str) {
-    let lease: FencedLease = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": name}, "spec": {}
-    }))
-    .unwrap();
-    ns.api::<FencedLease>()
-        .create(&PostParams::default(), &lease)
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn readme_rust_example_runs() -> Result<(), fenced_lease::holder::Error> {
     let example = rust_example();
@@ -54,7 +40,7 @@ async fn readme_rust_example_runs() -> Result<(), fenced_lease::holder::Error> {
 
     let ns = TestNamespace::new("readme-rust").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    lease(&ns, "db-migrate").await;
+    ns.create_lease("db-migrate", 15);
     let (client, namespace) = (ns.holder_client().await, ns.name.as_str());
 
     // README: rust
@@ -91,7 +77,7 @@ async fn readme_kubectl_fence_run_example_runs() {
 
     let ns = TestNamespace::new("readme-run").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    lease(&ns, "db-migrate").await;
+    ns.create_lease("db-migrate", 15);
     let kubeconfig = ns.holder_service_account_kubeconfig("worker", true).await;
     // `kubectl fence` finds the plugin on PATH, as it would for a user.
     let plugin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-fence"))

@@ -140,11 +140,6 @@ async fn write_lease_status(
     for _ in 0..MAX_CONFLICTS {
         let claims = claims_of(ctx, ns, name);
         let current = lease.status.clone().unwrap_or_default();
-        // The record of an earlier lease of this name matters only before this one's first grant.
-        let high_water_mark = match current.fencing_token {
-            0 => high_water::read(ctx, ns, name).await?,
-            _ => 0,
-        };
         let now = Instant::now();
         let duration = lease_duration(&lease);
         let views: Vec<ClaimView> = claims
@@ -166,14 +161,20 @@ async fn write_lease_status(
                 }
             })
             .collect();
-        let view = LeaseView {
+        let mut view = LeaseView {
             holder_uid: current.holder.as_ref().map(|h| h.claim_uid.clone()),
             last_token: current.fencing_token,
-            high_water_mark,
+            high_water_mark: 0,
             min_token: lease.spec.min_token,
             deleting: lease.metadata.deletion_timestamp.is_some(),
         };
-        let plan = decide(&view, &views, now);
+        let mut plan = decide(&view, &views, now);
+        if plan.grant.is_some() && current.fencing_token == 0 {
+            // The first grant of this lease object: continue above the last token issued
+            // under its name before it was (re-)created. Read from the API, not a cache.
+            view.high_water_mark = high_water::read(ctx, ns, name).await?;
+            plan = decide(&view, &views, now);
+        }
         let refs: Vec<&FencedLeaseClaim> = claims.iter().map(|c| c.as_ref()).collect();
         let desired = status::lease_status(
             &current,

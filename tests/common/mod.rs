@@ -284,7 +284,7 @@ impl TestNamespace {
     /// Creates FencedLease `name` with the given lease duration.
     pub fn create_lease(&self, name: &str, duration_seconds: i32) {
         let out = self.kubectl_apply(&format!(
-            "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: {name}\nspec:\n  leaseDurationSeconds: {duration_seconds}\n"
+            "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: \"{name}\"\nspec:\n  leaseDurationSeconds: {duration_seconds}\n"
         ));
         assert!(
             out.status.success(),
@@ -378,5 +378,66 @@ where
             "timed out after {timeout:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A plain HTTP/1.0 GET: (status code, body).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+/// A client from a kubeconfig file (a ServiceAccount's, say); no read timeout, since
+/// holders keep watches open.
+pub async fn client_from_kubeconfig(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    config.read_timeout = None;
+    Client::try_from(config).expect("client")
+}
+
+impl TestNamespace {
+    /// Creates claim `name` for `lease` (identity = name), naming `pod` if given; its UID.
+    pub async fn create_claim(&self, name: &str, lease: &str, pod: Option<&str>) -> String {
+        let mut spec = serde_json::json!({"leaseName": lease, "holderIdentity": name});
+        if let Some(pod) = pod {
+            spec["podName"] = serde_json::json!(pod);
+        }
+        let claim: fenced_lease::api::FencedLeaseClaim =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+                "metadata": {"name": name}, "spec": spec,
+            }))
+            .expect("claim object");
+        let created = self
+            .api()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim");
+        created.metadata.uid.expect("uid")
+    }
+
+    /// The token of claim `name` once it is `Granted`, as `kubectl get fclaim` shows it.
+    pub async fn granted_token(&self, name: &str) -> Option<i64> {
+        let claim: fenced_lease::api::FencedLeaseClaim = self.api().get(name).await.ok()?;
+        let status = claim.status?;
+        (status.phase == Some(fenced_lease::api::ClaimPhase::Granted))
+            .then_some(status.fencing_token?)
     }
 }
