@@ -47,13 +47,10 @@ async fn readme_rust_example_runs() -> Result<(), fenced_lease::holder::Error> {
     use fenced_lease::holder::{AcquireOptions, acquire};
     use std::time::Duration;
 
-    let options = AcquireOptions::default()
-        .identity("worker-1")
-        .wait(Duration::from_secs(30));
+    let options = AcquireOptions::default().wait(Duration::from_secs(30));
     let guard = acquire(client, namespace, "db-migrate", options).await?;
     let token = guard.token()?; // refuses once the lease may have been lost
-    // Send the token with every write; the resource refuses tokens lower than it has seen:
-    //   UPDATE jobs SET state = $1, fence_token = $2 WHERE id = $3 AND fence_token <= $2
+    // Send it with every write: UPDATE ... WHERE id = $1 AND fence_token <= $token
     println!("holding db-migrate with token {token}");
     tokio::select! {
         reason = guard.lost() => eprintln!("lost the lease ({reason:?}): stop writing"),
