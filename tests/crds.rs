@@ -166,7 +166,7 @@ async fn valid_claim_is_accepted_and_shown_with_its_columns() {
 }
 
 #[tokio::test]
-async fn lease_duration_and_min_token_bounds_are_enforced() {
+async fn i8_lease_duration_and_min_token_bounds_are_enforced() {
     let ns = TestNamespace::new("crd-bounds").await;
     let leases = ns.api::<FencedLease>();
     let pp = PostParams::default();
@@ -209,7 +209,7 @@ async fn lease_duration_and_min_token_bounds_are_enforced() {
 }
 
 #[tokio::test]
-async fn names_that_do_not_fit_the_annotation_key_are_refused() {
+async fn i8_names_that_do_not_fit_the_annotation_key_are_refused() {
     let ns = TestNamespace::new("crd-names").await;
     let pp = PostParams::default();
     let long = "a".repeat(64);
@@ -253,7 +253,7 @@ async fn names_that_do_not_fit_the_annotation_key_are_refused() {
 }
 
 #[tokio::test]
-async fn claim_identity_fields_are_immutable() {
+async fn i8_claim_identity_fields_are_immutable() {
     let ns = TestNamespace::new("crd-immutable").await;
     let claims = ns.api::<FencedLeaseClaim>();
     let pp = PostParams::default();
@@ -321,7 +321,7 @@ async fn claim_identity_fields_are_immutable() {
 }
 
 #[tokio::test]
-async fn fencing_token_cannot_be_lowered_even_by_an_admin() {
+async fn i7_fencing_token_cannot_be_lowered_even_by_an_admin() {
     let ns = TestNamespace::new("crd-token").await;
     let leases = ns.api::<FencedLease>();
     leases

@@ -32,7 +32,7 @@ async fn claims_of(api: &Api<FencedLeaseClaim>, identity: &str) -> Vec<FencedLea
 }
 
 #[tokio::test]
-async fn grant_comes_by_watch_and_release_on_drop_hands_over_at_once() {
+async fn i4_grant_comes_by_watch_and_release_on_drop_hands_over_at_once() {
     let ns = TestNamespace::new("holder-handover").await;
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db", 15);
@@ -167,7 +167,7 @@ async fn a_deleted_claim_is_lost_at_once_and_the_next_holder_gets_the_next_token
 /// A holder whose heartbeats are refused (its RoleBinding removed: a partition of sorts)
 /// must stop reporting the lease as held before the operator gives it to anyone else.
 #[tokio::test]
-async fn a_holder_whose_heartbeats_fail_loses_before_anyone_else_is_granted() {
+async fn i6_a_holder_whose_heartbeats_fail_loses_before_anyone_else_is_granted() {
     let ns = TestNamespace::new("holder-partition").await;
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db", 3);
@@ -215,7 +215,7 @@ async fn a_holder_whose_heartbeats_fail_loses_before_anyone_else_is_granted() {
 /// The paused holder: this test binary, re-run as a child that acquires and then, every
 /// 20 ms, prints whether it holds the lease and how long since it last looked.
 #[tokio::test]
-#[ignore = "run by a_paused_holder_never_reports_holding_after_its_deadline"]
+#[ignore = "run by i6_a_paused_holder_never_reports_holding_after_its_deadline"]
 async fn paused_holder_child() {
     let (Ok(ns), Ok(kubeconfig)) = (
         std::env::var("FL_CHILD_NAMESPACE"),
@@ -249,7 +249,7 @@ async fn paused_holder_child() {
 }
 
 #[tokio::test]
-async fn a_paused_holder_never_reports_holding_after_its_deadline() {
+async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
     let ns = TestNamespace::new("holder-sigstop").await;
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db", 2);
