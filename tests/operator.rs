@@ -402,19 +402,7 @@ async fn i1_recreated_lease_and_raised_min_token_only_go_up() {
             .unwrap();
     }
 
-    ns.api::<FencedLease>()
-        .delete("l", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for("the lease to be gone", WAIT, || async {
-        ns.api::<FencedLease>()
-            .get_opt("l")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    ns.delete_lease("l").await;
     ns.create_lease("l", 30);
     ns.create_claim("after", "l", None).await;
     assert_eq!(

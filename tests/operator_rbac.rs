@@ -128,19 +128,7 @@ async fn operator_works_with_only_its_documented_role() {
     );
 
     // Deletion goes through the finalizer, which writes the ConfigMap it may write.
-    ns.api::<FencedLease>()
-        .delete("l", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for("the lease gone", WAIT, || async {
-        ns.api::<FencedLease>()
-            .get_opt("l")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    ns.delete_lease("l").await;
     let cm = ns
         .api::<k8s_openapi::api::core::v1::ConfigMap>()
         .get("fenced-lease-tokens")

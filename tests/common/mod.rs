@@ -441,3 +441,27 @@ impl TestNamespace {
             .then_some(status.fencing_token?)
     }
 }
+
+impl TestNamespace {
+    /// Deletes FencedLease `name` and waits until it is gone (its finalizer has run).
+    pub async fn delete_lease(&self, name: &str) {
+        let leases: Api<fenced_lease::api::FencedLease> = self.api();
+        leases
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+            .expect("delete lease");
+        wait_for(
+            &format!("lease {name} to be gone"),
+            Duration::from_secs(30),
+            || async {
+                leases
+                    .get_opt(name)
+                    .await
+                    .expect("get lease")
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
