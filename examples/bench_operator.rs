@@ -191,6 +191,25 @@ async fn main() {
     }
     report("hand-over (delete -> Granted)", handover);
 
+    // Expiry: a holder that never beats is expired a lease duration (1 s) after its grant;
+    // how late after that does the next claim get the lease?
+    let expiring: FencedLease = serde_json::from_value(
+        json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "expiry"}, "spec": {"leaseDurationSeconds": 1}}),
+    )
+    .unwrap();
+    leases.create(&pp, &expiring).await.unwrap();
+    claims.create(&pp, &claim("e-0", "expiry")).await.unwrap();
+    let mut granted = granted_at(&seen, "e-0").await;
+    let mut lateness = vec![];
+    for i in 1..=args.samples.min(20) {
+        let waiter = format!("e-{i}");
+        claims.create(&pp, &claim(&waiter, "expiry")).await.unwrap();
+        let next = granted_at(&seen, &waiter).await;
+        lateness.push((next - granted).saturating_sub(Duration::from_secs(1)));
+        granted = next;
+    }
+    report("expiry (after lease duration)", lateness);
+
     // Memory with many leases, each held by one claim.
     let before = rss_kib(pid);
     let start = Instant::now();
