@@ -17,7 +17,7 @@ pub enum Error {
     },
 
     /// The wait timeout passed before the claim was granted; the claim was withdrawn.
-    #[error("timed out after {} waiting for FencedLease {lease}", humantime::format_duration(*.waited))]
+    #[error("timed out after {} waiting for FencedLease {lease}", humantime::format_duration(Duration::from_millis(u64::try_from(.waited.as_millis()).unwrap_or(u64::MAX))))]
     Timeout {
         /// Lease name.
         lease: String,
