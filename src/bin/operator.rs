@@ -151,7 +151,9 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         ready: ready.clone(),
         metrics: metrics.clone(),
     };
-    let server = tokio::spawn(http::serve(args.metrics_addr, health, stop.clone()));
+    let server = http::serve(args.metrics_addr, health, stop.clone())
+        .await
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
 
     let identity = identity(&args);
     let settings = Settings {

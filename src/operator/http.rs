@@ -19,11 +19,12 @@ pub struct Health {
     pub metrics: Arc<Metrics>,
 }
 
+/// Binds `addr` (failing at once if it cannot), then serves until `stop` in the background.
 pub async fn serve(
     addr: SocketAddr,
     health: Health,
     stop: CancellationToken,
-) -> std::io::Result<()> {
+) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     let app = Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -31,9 +32,11 @@ pub async fn serve(
         .with_state(health);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "serving /livez, /readyz and /metrics");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
+    Ok(tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    }))
 }
 
 async fn readyz(State(health): State<Health>) -> impl IntoResponse {
