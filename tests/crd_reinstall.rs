@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::operator::OperatorProcess;
-use common::{TestNamespace, control_plane, repo_root, wait_for};
+use common::{TestNamespace, control_plane, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim};
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
@@ -56,33 +56,7 @@ async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
         String::from_utf8_lossy(&out.stderr),
         op.log_text()
     );
-    let out = cp
-        .kubectl_cmd()
-        .args(["apply", "-f"])
-        .arg(repo_root().join("crds"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = cp
-        .kubectl_cmd()
-        .args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/fencedleases.fencing.dev",
-            "crd/fencedleaseclaims.fencing.dev",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cp.install_crds();
 
     // The CRD was just created: the first writes may still meet a discovery gap.
     wait_for("the re-installed CRD to serve", WAIT, || async {

@@ -103,23 +103,27 @@ pub fn control_plane() -> &'static ControlPlane {
             kubeconfig,
             kubectl,
         };
-        // Exactly what a user does.
-        run(cp
+        cp.install_crds();
+        cp
+    })
+}
+
+impl ControlPlane {
+    /// `kubectl apply -f crds/`, exactly as a user installs them, and waits until they serve.
+    pub fn install_crds(&self) {
+        run(self
             .kubectl_cmd()
             .args(["apply", "-f"])
             .arg(repo_root().join("crds")));
-        run(cp.kubectl_cmd().args([
+        run(self.kubectl_cmd().args([
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd/fencedleases.fencing.dev",
             "crd/fencedleaseclaims.fencing.dev",
         ]));
-        cp
-    })
-}
+    }
 
-impl ControlPlane {
     /// `kubectl` with the admin kubeconfig.
     pub fn kubectl_cmd(&self) -> Command {
         let mut cmd = Command::new(&self.kubectl);
