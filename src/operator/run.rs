@@ -108,7 +108,7 @@ where
     })
 }
 
-/// Runs the operator until `stop` is cancelled. Returns the shared context (for readiness).
+/// Runs the operator until `stop` is cancelled; sets `ready` once the caches have synced.
 pub async fn run(
     client: Client,
     settings: Settings,
