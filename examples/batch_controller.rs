@@ -1,7 +1,7 @@
 //! A batch controller that works only while it leads, by fenced leader election on a
 //! `FencedLease`. Every ConfigMap it writes is labelled with the lease and stamped with its
-//! fencing token, so the admission policy shipped in the chart refuses the writes of a
-//! leader that stalled past its lease and was replaced.
+//! fencing token, so that a token check at the resource (the admission policy the chart is
+//! to ship) can refuse the writes of a leader that stalled past its lease and was replaced.
 //!
 //! ```console
 //! $ kubectl apply -f - <<< '{"apiVersion":"fencing.dev/v1alpha1","kind":"FencedLease","metadata":{"name":"batch"},"spec":{}}'
