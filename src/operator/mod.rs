@@ -7,12 +7,13 @@
 //! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
 //!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
 //!   finalizer that keeps tokens growing across deletion of a lease.
-//! - [`run`]: watches and controllers; [`leader`]: leader election; [`http`]: health and
+//! - [`run`]: watches and controllers ([`decode`]: watches one unreadable object cannot stop); [`leader`]: leader election; [`http`]: health and
 //!   metrics endpoints; [`metrics`], [`error`], [`context`].
 
 pub mod claims;
 pub mod context;
 pub mod decide;
+pub mod decode;
 pub mod error;
 pub mod heartbeat;
 pub mod high_water;

@@ -11,13 +11,32 @@ use super::decide::PodPresence;
 use super::error::{Result, timed};
 use crate::api::{FencedLease, FencedLeaseClaim, token_annotation_key};
 
-/// Does the pod `claim` names exist? A pod of that name with another UID than the one the
-/// claim is owned by is a new pod (a StatefulSet replacement, say): the old one is gone.
+/// Does the pod `claim` names exist, as the cache says?
 pub fn presence(claim: &FencedLeaseClaim, pods: &Store<PartialObjectMeta<Pod>>) -> PodPresence {
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
         return PodPresence::NotNamed;
     };
-    let Some(pod) = pods.get(&ObjectRef::new(pod_name).within(ns)) else {
+    presence_of(
+        claim,
+        pods.get(&ObjectRef::new(pod_name).within(ns)).as_deref(),
+    )
+}
+
+/// Does the pod `claim` names exist, asking the API rather than the cache? For decisions
+/// that end a hold: a pod created after the cache last heard is not a deleted pod.
+pub async fn confirmed_presence(ctx: &Context, claim: &FencedLeaseClaim) -> Result<PodPresence> {
+    let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
+        return Ok(PodPresence::NotNamed);
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pod = timed("read pod", ctx.api_timeout, api.get_metadata_opt(pod_name)).await?;
+    Ok(presence_of(claim, pod.as_ref()))
+}
+
+/// A pod of the claim's pod name with another UID than the one the claim is owned by is a
+/// new pod (a StatefulSet replacement, say): the claim's pod is gone.
+fn presence_of(claim: &FencedLeaseClaim, pod: Option<&PartialObjectMeta<Pod>>) -> PodPresence {
+    let Some(pod) = pod else {
         return PodPresence::Missing;
     };
     let owner_uid = claim
@@ -25,7 +44,7 @@ pub fn presence(claim: &FencedLeaseClaim, pods: &Store<PartialObjectMeta<Pod>>) 
         .owner_references
         .iter()
         .flatten()
-        .find(|o| o.kind == "Pod" && &o.name == pod_name)
+        .find(|o| o.kind == "Pod" && Some(&o.name) == claim.spec.pod_name.as_ref())
         .map(|o| o.uid.as_str());
     match owner_uid {
         Some(uid) if pod.metadata.uid.as_deref() != Some(uid) => PodPresence::Missing,

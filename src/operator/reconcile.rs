@@ -14,7 +14,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::context::{Context, claim_reference};
-use super::decide::{ClaimView, EndReason, LeaseView, Plan, decide};
+use super::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
 use super::error::{Error, Result, timed};
 use super::metrics::Transition;
 use super::{high_water, pods, status};
@@ -142,24 +142,9 @@ async fn write_lease_status(
         let current = lease.status.clone().unwrap_or_default();
         let now = Instant::now();
         let duration = lease_duration(&lease);
-        let views: Vec<ClaimView> = claims
+        let mut views: Vec<ClaimView> = claims
             .iter()
-            .map(|c| {
-                let uid = c.metadata.uid.clone().unwrap_or_default();
-                ClaimView {
-                    name: c.name_any(),
-                    heartbeat_deadline: ctx.heartbeats.last_change(&uid, now) + duration,
-                    uid,
-                    created: c
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map_or(0, |t| t.0.as_second()),
-                    deleting: c.metadata.deletion_timestamp.is_some(),
-                    pod: pods::presence(c, &ctx.pods),
-                    phase: c.status.as_ref().and_then(|s| s.phase),
-                }
-            })
+            .map(|c| claim_view(ctx, c, pods::presence(c, &ctx.pods), now, duration))
             .collect();
         let mut view = LeaseView {
             holder_uid: current.holder.as_ref().map(|h| h.claim_uid.clone()),
@@ -169,6 +154,13 @@ async fn write_lease_status(
             deleting: lease.metadata.deletion_timestamp.is_some(),
         };
         let mut plan = decide(&view, &views, now);
+        if let Some(confirmed) = confirm_holder(ctx, ns, &current, &plan, now, duration).await? {
+            // The cache was behind the API (another replica granted a claim we have not
+            // heard of yet, say): decide on what the API says, not on the cache.
+            views.retain(|v| v.uid != confirmed.uid);
+            views.push(confirmed);
+            plan = decide(&view, &views, now);
+        }
         if plan.grant.is_some() && current.fencing_token == 0 {
             // The first grant of this lease object: continue above the last token issued
             // under its name before it was (re-)created. Read from the API, not a cache.
@@ -209,6 +201,63 @@ async fn write_lease_status(
         }
     }
     Err(Error::Contended(format!("{ns}/{name}")))
+}
+
+fn claim_view(
+    ctx: &Context,
+    claim: &FencedLeaseClaim,
+    pod: PodPresence,
+    now: Instant,
+    duration: Duration,
+) -> ClaimView {
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    ClaimView {
+        name: claim.name_any(),
+        heartbeat_deadline: ctx.heartbeats.last_change(&uid, now) + duration,
+        uid,
+        created: claim
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+        deleting: claim.metadata.deletion_timestamp.is_some(),
+        pod,
+        phase: claim.status.as_ref().and_then(|s| s.phase),
+    }
+}
+
+/// A hold ends because its claim or pod is gone only when the API says so. When the cache
+/// alone says so (it has not heard of the claim or its pod yet), this returns the holder as
+/// the API has it, to decide again on.
+async fn confirm_holder(
+    ctx: &Context,
+    ns: &str,
+    current: &FencedLeaseStatus,
+    plan: &Plan,
+    now: Instant,
+    duration: Duration,
+) -> Result<Option<ClaimView>> {
+    let (Some(ended), Some(holder)) = (&plan.ended, &current.holder) else {
+        return Ok(None);
+    };
+    if !matches!(ended.reason, EndReason::Released | EndReason::PodDeleted) {
+        return Ok(None);
+    }
+    let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(claim) = timed(
+        "read holder claim",
+        ctx.api_timeout,
+        api.get_opt(&holder.claim),
+    )
+    .await?
+    else {
+        return Ok(None); // really gone
+    };
+    if claim.metadata.uid.as_deref() != Some(holder.claim_uid.as_str()) {
+        return Ok(None); // a new claim of the same name: the holder's is gone
+    }
+    let pod = pods::confirmed_presence(ctx, &claim).await?;
+    Ok(Some(claim_view(ctx, &claim, pod, now, duration)))
 }
 
 async fn report_transitions(

@@ -6,10 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
+use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -17,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::context::Context;
+use super::decode;
+use super::error::truncate;
 use super::heartbeat::Heartbeats;
 use super::metrics::Metrics;
 use super::{claims, reconcile};
@@ -118,15 +122,21 @@ pub async fn run(
 ) {
     let wc = watcher::Config::default();
     let ns = &settings.namespace;
+    let reporter = Reporter {
+        controller: "fenced-lease-operator".into(),
+        instance: settings.instance.clone(),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let unreadable = report_unreadable(recorder.clone(), metrics.clone(), settings.api_timeout);
 
     let (lease_store, lease_writer) = reflector::store_shared::<FencedLease>(SHARED_BUFFER);
     let lease_events = lease_writer
         .subscribe()
         .expect("a shared store hands out subscriptions");
-    let leases = watcher(api::<FencedLease>(&client, ns), wc.clone())
-        .default_backoff()
-        .modify(prune)
-        .reflect_shared(lease_writer);
+    let leases =
+        decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
+            .modify(prune)
+            .reflect_shared(lease_writer);
 
     // Claim and pod events, deletions included (a shared store's subscribers only see
     // changes, and a deleted claim or pod is exactly what must hand a lease over at once).
@@ -138,22 +148,22 @@ pub async fn run(
         .subscribe()
         .expect("a shared store hands out subscriptions");
     let observer = heartbeats.clone();
-    let claims_stream = watcher(api::<FencedLeaseClaim>(&client, ns), wc.clone())
-        .default_backoff()
-        .modify(prune)
-        .reflect_shared(claim_writer)
-        .inspect_ok({
-            let lease_triggers = lease_triggers.clone();
-            move |event| {
-                observe_heartbeats(&observer, event);
-                for claim in touched(event) {
-                    if let Some(ns) = claim.metadata.namespace.as_deref() {
-                        let _ =
-                            lease_triggers.send(ObjectRef::new(&claim.spec.lease_name).within(ns));
+    let claims_stream =
+        decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
+            .modify(prune)
+            .reflect_shared(claim_writer)
+            .inspect_ok({
+                let lease_triggers = lease_triggers.clone();
+                move |event| {
+                    observe_heartbeats(&observer, event);
+                    for claim in touched(event) {
+                        if let Some(ns) = claim.metadata.namespace.as_deref() {
+                            let _ = lease_triggers
+                                .send(ObjectRef::new(&claim.spec.lease_name).within(ns));
+                        }
                     }
                 }
-            }
-        });
+            });
 
     let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
     let claims_for_pods = claim_store.clone();
@@ -169,17 +179,13 @@ pub async fn run(
             }
         });
 
-    let reporter = Reporter {
-        controller: "fenced-lease-operator".into(),
-        instance: settings.instance.clone(),
-    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         leases: lease_store.clone(),
         claims: claim_store.clone(),
         pods: pod_store.clone(),
         heartbeats,
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder,
         metrics,
         api_timeout: settings.api_timeout,
         state_namespace: settings.state_namespace.clone(),
@@ -272,6 +278,51 @@ where
         {
             return result;
         }
+    }
+}
+
+/// Reports an object the operator cannot read: a warning log, a metric, and a Warning Event
+/// on the object, so its owner learns why it is ignored.
+fn report_unreadable(
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    timeout: Duration,
+) -> impl Fn(&DynamicObject, &serde_json::Error) + Clone + Send + Sync + 'static {
+    move |object, error| {
+        let kind = object
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        warn!(kind = %kind, name = ?object.metadata.name, namespace = ?object.metadata.namespace, %error, "cannot read object; ignoring it");
+        metrics.error("unreadable");
+        let reference = ObjectReference {
+            api_version: object.types.as_ref().map(|t| t.api_version.clone()),
+            kind: Some(kind),
+            name: object.metadata.name.clone(),
+            namespace: object.metadata.namespace.clone(),
+            uid: object.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "UnreadableObject".into(),
+            note: Some(
+                truncate(
+                    &format!(
+                        "fenced-lease-operator cannot read this object and ignores it: {error}"
+                    ),
+                    1024,
+                )
+                .to_string(),
+            ),
+            action: "Read".into(),
+            secondary: None,
+        };
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, recorder.publish(&event, &reference)).await;
+        });
     }
 }
 

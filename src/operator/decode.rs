@@ -1,0 +1,149 @@
+//! Watches that one unreadable object cannot stop. A typed watch fails its whole list when a
+//! single object does not decode (say, one stored under an older schema), and the operator
+//! would then stand still for every lease (I8). These watches read objects untyped, decode
+//! them one by one, and report and skip the ones that do not decode.
+
+use std::fmt::Debug;
+
+use futures::{Stream, StreamExt, future};
+use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseSpec};
+
+/// An object with only its metadata: enough for a cache to forget it when it is deleted.
+pub trait Skeleton {
+    fn skeleton(metadata: ObjectMeta) -> Self;
+}
+
+impl Skeleton for FencedLease {
+    fn skeleton(metadata: ObjectMeta) -> Self {
+        let spec = FencedLeaseSpec {
+            lease_duration_seconds: 15,
+            min_token: 0,
+            annotate_holder_pod: true,
+        };
+        FencedLease {
+            metadata,
+            spec,
+            status: None,
+        }
+    }
+}
+
+impl Skeleton for FencedLeaseClaim {
+    fn skeleton(metadata: ObjectMeta) -> Self {
+        let spec = FencedLeaseClaimSpec {
+            lease_name: String::new(),
+            holder_identity: String::new(),
+            pod_name: None,
+            renew_time: None,
+        };
+        FencedLeaseClaim {
+            metadata,
+            spec,
+            status: None,
+        }
+    }
+}
+
+/// Watches `K` in `namespace` (all when `None`) with the default backoff; objects that do
+/// not decode are passed to `unreadable` and left out (a deleted one still leaves the cache).
+pub fn watch<K>(
+    client: Client,
+    namespace: Option<String>,
+    config: watcher::Config,
+    unreadable: impl Fn(&DynamicObject, &serde_json::Error) + Send + 'static,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Skeleton + Clone + Debug + Send + 'static,
+{
+    let resource = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client, &ns, &resource),
+        None => Api::all_with(client, &resource),
+    };
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |item| {
+            future::ready(match item {
+                Ok(event) => decode_event(event, &unreadable).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        })
+}
+
+/// The typed event, or `None` when its object does not decode (except a deletion).
+pub fn decode_event<K>(
+    event: watcher::Event<DynamicObject>,
+    unreadable: &impl Fn(&DynamicObject, &serde_json::Error),
+) -> Option<watcher::Event<K>>
+where
+    K: DeserializeOwned + Skeleton,
+{
+    let decode = |object: &DynamicObject| -> Option<K> {
+        serde_json::to_value(object)
+            .and_then(serde_json::from_value)
+            .map_err(|e| unreadable(object, &e))
+            .ok()
+    };
+    Some(match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(decode(&o)?),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(decode(&o)?),
+        watcher::Event::Delete(o) => {
+            watcher::Event::Delete(decode(&o).unwrap_or_else(|| K::skeleton(o.metadata)))
+        }
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(spec: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "metadata": {"name": "l", "namespace": "ns"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn readable_objects_pass_and_unreadable_ones_are_reported_and_skipped() {
+        let reported = Cell::new(0);
+        let count = |_: &DynamicObject, _: &serde_json::Error| reported.set(reported.get() + 1);
+        let good = decode_event::<FencedLease>(
+            watcher::Event::Apply(object(json!({"leaseDurationSeconds": 5}))),
+            &count,
+        );
+        assert!(
+            matches!(good, Some(watcher::Event::Apply(l)) if l.spec.lease_duration_seconds == 5)
+        );
+        let bad = decode_event::<FencedLease>(
+            watcher::Event::InitApply(object(json!({"leaseDurationSeconds": "soon"}))),
+            &count,
+        );
+        assert!(bad.is_none());
+        assert_eq!(reported.get(), 1);
+    }
+
+    #[test]
+    fn an_unreadable_object_that_is_deleted_still_leaves_the_cache() {
+        let ignore = |_: &DynamicObject, _: &serde_json::Error| {};
+        let gone = decode_event::<FencedLease>(
+            watcher::Event::Delete(object(json!({"leaseDurationSeconds": "soon"}))),
+            &ignore,
+        );
+        assert!(
+            matches!(gone, Some(watcher::Event::Delete(l)) if l.metadata.name.as_deref() == Some("l"))
+        );
+    }
+}
