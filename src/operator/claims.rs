@@ -17,7 +17,7 @@ use super::context::Context;
 use super::error::{Error, Result, timed};
 use super::reconcile::MANAGER;
 use super::status::set_condition;
-use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus};
+use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
 
 pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.is_synced() {
@@ -31,6 +31,19 @@ pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Resul
         || ctx.leases.get(&ObjectRef::new(lease).within(&ns)).is_some()
     {
         return Ok(Action::await_change());
+    }
+    // The cache may not have heard of a lease created a moment ago: a holder told that its
+    // lease does not exist gives up, so only the API may say so.
+    let leases: Api<FencedLease> = Api::namespaced(ctx.client.clone(), &ns);
+    if timed(
+        "read lease",
+        ctx.api_timeout,
+        leases.get_metadata_opt(lease),
+    )
+    .await?
+    .is_some()
+    {
+        return Ok(Action::await_change()); // the lease's own event brings the grant
     }
     let current = claim.status.clone().unwrap_or_default();
     let already_told = current
