@@ -21,6 +21,12 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "FencedLeaseClaimStatus",
     doc = "A candidate's request for a FencedLease. Delete it to release the lease.",
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Expired', 'Revoked']) || (has(self.spec.renewTime) == has(oldSelf.spec.renewTime) && (!has(self.spec.renewTime) || self.spec.renewTime == oldSelf.spec.renewTime))"
+    ).message("the claim has Expired or was Revoked: its heartbeat (spec.renewTime) can no longer change; create a new claim to queue again"),
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Expired', 'Revoked']) || (has(self.status) && has(self.status.phase) && self.status.phase == oldSelf.status.phase)"
+    ).message("Expired and Revoked are final phases of a claim"),
     printcolumn(name = "Lease", type_ = "string", json_path = ".spec.leaseName"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holderIdentity"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
@@ -108,6 +114,11 @@ pub struct FencedLeaseClaimStatus {
     /// When the lease was granted to this claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant_time: Option<MicroTime>,
+
+    /// Duration of this claim's term, fixed at its grant (the lease's `leaseDurationSeconds`
+    /// then). The holder's safe deadline uses this value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration_seconds: Option<i32>,
 
     /// Place in the queue while `Pending` (1 = next).
     #[serde(default, skip_serializing_if = "Option::is_none")]

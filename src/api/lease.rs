@@ -47,6 +47,12 @@ pub struct FencedLeaseSpec {
     /// Annotate the holder's pod with `token.fencing.dev/<lease name>: <token>`.
     #[serde(default = "default_true")]
     pub annotate_holder_pod: bool,
+
+    /// Have the apiserver refuse writes to objects labelled `fencing.dev/lease=<this lease>`
+    /// whose `fencing.dev/token` annotation is below this lease's current token (the operator
+    /// keeps a ValidatingAdmissionPolicyBinding for the lease while this is on).
+    #[serde(default)]
+    pub fence_objects: bool,
 }
 
 fn default_lease_duration_seconds() -> i32 {
@@ -73,6 +79,11 @@ pub struct FencedLeaseStatus {
     /// When the current holder was granted the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquire_time: Option<MicroTime>,
+
+    /// Duration of the running term, fixed when it was granted: a change of
+    /// `spec.leaseDurationSeconds` applies from the next grant, never to a running term.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration_seconds: Option<i32>,
 
     /// How many times the lease changed hands.
     #[serde(default)]
@@ -105,4 +116,8 @@ pub struct LeaseHolder {
     /// The claim's `podName`, if it names a pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_name: Option<String>,
+    /// UID of that pod when it was granted: a pod of the same name with another UID (a
+    /// replacement) never inherits the hold or the token annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
 }

@@ -62,6 +62,7 @@ pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Resul
         observed_generation: claim.metadata.generation,
         fencing_token: current.fencing_token,
         grant_time: current.grant_time.clone(),
+        lease_duration_seconds: current.lease_duration_seconds,
         queue_position: None,
     };
     if desired.phase == Some(ClaimPhase::Pending) {

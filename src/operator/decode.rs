@@ -24,6 +24,7 @@ impl Skeleton for FencedLease {
             lease_duration_seconds: 15,
             min_token: 0,
             annotate_holder_pod: true,
+            fence_objects: false,
         };
         FencedLease {
             metadata,

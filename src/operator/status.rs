@@ -35,6 +35,7 @@ pub fn lease_status(
                 .map(|c| c.spec.holder_identity.clone())
                 .unwrap_or_default(),
             pod_name: claim.and_then(|c| c.spec.pod_name.clone()),
+            pod_uid: None,
         });
         next.fencing_token = grant.token;
         next.acquire_time = Some(MicroTime(now));
