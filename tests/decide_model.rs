@@ -4,8 +4,12 @@
 //! an old read. The lease status write is modelled as the apiserver does it: accepted only
 //! when it carries the current resourceVersion.
 //!
-//! I1: per lease name, issued tokens strictly increase; none is issued twice.
+//! I1: per lease name, issued tokens strictly increase; none is issued twice — also when the
+//!     lease is re-created with every record of its past lost (tokens are never below the
+//!     wall clock in ms, which has moved past them by then).
 //! I2: at most one claim holds the lease at any time, and a claim holds it at most once.
+//! I9: a holder is expired only when its heartbeat stopped for the term's duration, and the
+//!     expiry is made final on the claim (no more heartbeats) before anyone else is granted.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -25,6 +29,7 @@ enum Step {
     PodGone(usize),
     RaiseMinToken(i64),
     RecreateLease,
+    RecreateLeaseLosingRecords,
     RestartOperator,
     Reconcile,
     StaleReplicaWrites(usize),
@@ -39,6 +44,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0usize..8).prop_map(Step::PodGone),
         1 => (0i64..200).prop_map(Step::RaiseMinToken),
         1 => Just(Step::RecreateLease),
+        1 => Just(Step::RecreateLeaseLosingRecords),
         1 => Just(Step::RestartOperator),
         4 => Just(Step::Reconcile),
         2 => (1usize..6).prop_map(Step::StaleReplicaWrites),
@@ -52,7 +58,11 @@ struct Stored {
     view: LeaseView,
 }
 
+/// Wall clock (ms since the epoch) at the model's start.
+const EPOCH_MS: i64 = 1_764_500_000_000;
+
 struct World {
+    start: Instant,
     now: Instant,
     lease: Stored,
     history: Vec<Stored>,
@@ -70,15 +80,48 @@ impl World {
             high_water_mark: 0,
             min_token: 0,
             deleting: false,
+            term: DURATION,
+            duration: DURATION,
         };
+        let now = Instant::now();
         Self {
-            now: Instant::now(),
+            start: now,
+            now,
             lease: Stored { rv: 1, view },
             history: vec![],
             claims: vec![],
             next_claim: 0,
             issued: vec![],
             granted_claims: BTreeSet::new(),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        EPOCH_MS + i64::try_from((self.now - self.start).as_millis()).unwrap()
+    }
+
+    /// Decides on `read` as the reconciler does: expiries the plan asks for are confirmed on
+    /// the claims (the model's claims are the API's truth) and made final, then it decides
+    /// again; returns the plan with nothing left to expire.
+    fn decide(&mut self, read: &Stored) -> Plan {
+        loop {
+            let plan = decide(&read.view, &self.claims, self.now, self.now_ms());
+            if plan.expire.is_empty() {
+                return plan;
+            }
+            for uid in &plan.expire {
+                let c = self.claims.iter_mut().find(|c| &c.uid == uid).unwrap();
+                let term = if read.view.holder_uid.as_ref() == Some(uid) {
+                    read.view.term
+                } else {
+                    read.view.duration
+                };
+                assert!(
+                    self.now >= c.last_beat + term,
+                    "I9: a beating claim was expired"
+                );
+                c.phase = Some(ClaimPhase::Expired);
+            }
         }
     }
 
@@ -113,15 +156,42 @@ impl World {
             self.issued.push(grant.token);
             next.holder_uid = Some(grant.uid.clone());
             next.last_token = grant.token;
+            if let Some(holder) = &read.view.holder_uid
+                && plan.ended.is_some()
+                && let Some(c) = self.claims.iter().find(|c| &c.uid == holder)
+            {
+                assert!(
+                    c.phase != Some(ClaimPhase::Granted)
+                        || c.deleting
+                        || c.pod == PodPresence::Missing,
+                    "I9: granted while the previous holder's claim was not final"
+                );
+            }
             if let Some(c) = self.claims.iter_mut().find(|c| c.uid == grant.uid) {
                 c.phase = Some(ClaimPhase::Granted);
-                c.heartbeat_deadline = self.now + DURATION; // the term starts at the grant
             }
         }
         self.history.push(self.lease.clone());
         self.lease = Stored {
             rv: self.lease.rv + 1,
             view: next,
+        };
+    }
+
+    fn recreate(&mut self, high_water_mark: i64) {
+        let view = LeaseView {
+            holder_uid: None,
+            last_token: 0,
+            high_water_mark,
+            min_token: 0,
+            deleting: false,
+            term: DURATION,
+            duration: DURATION,
+        };
+        self.history.push(self.lease.clone());
+        self.lease = Stored {
+            rv: self.lease.rv + 1,
+            view,
         };
     }
 
@@ -141,7 +211,7 @@ impl World {
                         PodPresence::NotNamed
                     },
                     phase: None,
-                    heartbeat_deadline: self.now + DURATION,
+                    last_beat: self.now,
                 });
             }
             Step::DeleteClaim(i) if !self.claims.is_empty() => {
@@ -150,7 +220,13 @@ impl World {
             }
             Step::Heartbeat(i) if !self.claims.is_empty() => {
                 let i = i % self.claims.len();
-                self.claims[i].heartbeat_deadline = self.now + DURATION;
+                // The CRD refuses a heartbeat on an Expired or Revoked claim.
+                if !matches!(
+                    self.claims[i].phase,
+                    Some(ClaimPhase::Expired | ClaimPhase::Revoked)
+                ) {
+                    self.claims[i].last_beat = self.now;
+                }
             }
             Step::Advance(ms) => self.now += Duration::from_millis(ms),
             Step::PodGone(i) if !self.claims.is_empty() => {
@@ -180,32 +256,36 @@ impl World {
                         c.phase = Some(ClaimPhase::Revoked);
                     }
                 }
-                let view = LeaseView {
-                    holder_uid: None,
-                    last_token: 0,
-                    high_water_mark,
-                    min_token: 0,
-                    deleting: false,
-                };
-                self.history.push(self.lease.clone());
-                self.lease = Stored {
-                    rv: self.lease.rv + 1,
-                    view,
-                };
+                self.recreate(high_water_mark);
+            }
+            Step::RecreateLeaseLosingRecords => {
+                // The record is deleted too. What I1 then relies on: the wall clock has moved
+                // past the last token (tokens run ahead of it only by grants within one ms;
+                // deleting and re-creating a lease takes longer than that).
+                let lead = self.issued.last().map_or(0, |t| t - self.now_ms());
+                if lead >= 0 {
+                    self.now += Duration::from_millis(u64::try_from(lead + 1).unwrap());
+                }
+                for c in &mut self.claims {
+                    if Some(&c.uid) == self.lease.view.holder_uid.as_ref() {
+                        c.phase = Some(ClaimPhase::Revoked);
+                    }
+                }
+                self.recreate(0);
             }
             Step::RestartOperator => {
                 for c in &mut self.claims {
-                    c.heartbeat_deadline = self.now + DURATION; // first sighting: a full term
+                    c.last_beat = self.now; // first sighting: a full term
                 }
             }
             Step::Reconcile => {
                 let read = self.lease.clone();
-                let plan = decide(&read.view, &self.claims, self.now);
+                let plan = self.decide(&read);
                 self.write(&read, &plan);
             }
             Step::StaleReplicaWrites(age) => {
                 if let Some(read) = self.history.iter().rev().nth(age - 1).cloned() {
-                    let plan = decide(&read.view, &self.claims, self.now);
+                    let plan = self.decide(&read);
                     self.write(&read, &plan);
                 }
             }
@@ -262,16 +342,19 @@ fn stale_replica_cannot_reissue_a_token() {
     ] {
         world.apply(&step);
     }
-    // A replica that read the lease before the first grant decides to grant token 1 again.
+    // A replica that read the lease before the first grant decides to grant the first token
+    // again (same millisecond).
+    let first = world.issued.clone();
     let stale = world.history[0].clone();
-    let plan = decide(&stale.view, &world.claims, world.now);
+    let plan = world.decide(&stale);
     assert_eq!(
         plan.grant.as_ref().map(|g| g.token),
-        Some(1),
-        "the stale read would re-issue token 1"
+        first.first().copied(),
+        "the stale read would re-issue the first token"
     );
     world.write(&stale, &plan);
-    assert_eq!(world.issued, [1], "the resourceVersion check refused it");
+    assert_eq!(world.issued, first, "the resourceVersion check refused it");
     world.apply(&Step::Reconcile);
-    assert_eq!(world.issued, [1, 2]);
+    assert_eq!(world.issued.len(), 2);
+    assert!(world.issued[1] > world.issued[0]);
 }

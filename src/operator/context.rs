@@ -10,6 +10,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 
+use super::backoff::Failures;
 use super::error::truncate;
 use super::heartbeat::Heartbeats;
 use super::metrics::Metrics;
@@ -32,6 +33,8 @@ pub struct Context {
     /// All caches have synced: until then no decision is taken (a pod missing from an
     /// unsynced cache is not a deleted pod).
     pub synced: AtomicBool,
+    /// Consecutive failed reconciles per lease, for backoff and one Event per cause.
+    pub failures: Failures,
 }
 
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.

@@ -1,12 +1,16 @@
 //! Who holds a lease next, and why the current holder stops holding it: plain functions over
 //! plain data, so every rule here is unit-tested without a cluster. The reconciler gathers a
 //! [`LeaseView`] and [`ClaimView`]s, calls [`decide`], and writes the [`Plan`].
+//!
+//! A heartbeat that stopped is never acted on directly: the plan lists the claims to
+//! [`expire`](Plan::expire), the reconciler confirms each on a fresh read and makes it final
+//! on the claim (I9), then decides again. Only a plan with nothing left to expire is written.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::api::ClaimPhase;
 
-use super::token::next_token;
+use super::token::{TokenFloor, next_token};
 
 /// A claim as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,8 +23,8 @@ pub struct ClaimView {
     pub deleting: bool,
     pub pod: PodPresence,
     pub phase: Option<ClaimPhase>,
-    /// When the operator will consider this claim's heartbeat stopped, were it the holder.
-    pub heartbeat_deadline: Instant,
+    /// When the operator last saw this claim's heartbeat change (its own monotonic clock).
+    pub last_beat: Instant,
 }
 
 /// Whether the pod a claim names exists.
@@ -29,6 +33,7 @@ pub enum PodPresence {
     /// The claim names no pod.
     NotNamed,
     Present,
+    /// Gone, or replaced by another pod of the same name (another UID).
     Missing,
 }
 
@@ -39,17 +44,22 @@ pub struct LeaseView {
     pub holder_uid: Option<String>,
     /// `status.fencingToken`: the last token issued for this lease object.
     pub last_token: i64,
-    /// The last token issued under this name before the lease was deleted and re-created.
+    /// The last token recorded for this name when a lease of that name was deleted.
     pub high_water_mark: i64,
     pub min_token: i64,
     /// Has a deletion timestamp: holders are revoked and no one is granted.
     pub deleting: bool,
+    /// Duration of the running term (fixed at its grant, I10).
+    pub term: Duration,
+    /// `spec.leaseDurationSeconds`: the next term's duration, and how long a waiter may stay
+    /// silent before it is skipped.
+    pub duration: Duration,
 }
 
 /// Why a holder stopped holding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EndReason {
-    /// Its heartbeat did not change for the lease duration.
+    /// Its heartbeat did not change for the term's duration.
     Expired,
     /// Its claim was deleted (or is being deleted): a release.
     Released,
@@ -57,6 +67,8 @@ pub enum EndReason {
     PodDeleted,
     /// The lease itself is being deleted.
     LeaseDeleted,
+    /// Its claim already says `Revoked`.
+    Revoked,
 }
 
 impl EndReason {
@@ -64,9 +76,10 @@ impl EndReason {
     pub fn claim_phase(self) -> ClaimPhase {
         match self {
             EndReason::Expired => ClaimPhase::Expired,
-            EndReason::Released | EndReason::PodDeleted | EndReason::LeaseDeleted => {
-                ClaimPhase::Revoked
-            }
+            EndReason::Released
+            | EndReason::PodDeleted
+            | EndReason::LeaseDeleted
+            | EndReason::Revoked => ClaimPhase::Revoked,
         }
     }
 }
@@ -97,6 +110,10 @@ pub struct Plan {
     pub holder_uid: Option<String>,
     /// Claims eligible for the lease, in grant order (the holder excluded): position = index+1.
     pub queue: Vec<String>,
+    /// Claims whose heartbeat stopped (the holder, or waiters ahead of the next grant): each
+    /// must be confirmed silent on a fresh read and made `Expired` before this plan may be
+    /// written. The reconciler does that, then decides again.
+    pub expire: Vec<String>,
     /// A claim is waiting but no token is left to issue.
     pub tokens_exhausted: bool,
     /// Decide again at this instant (the holder's heartbeat deadline).
@@ -130,11 +147,15 @@ fn holder_verdict(
     };
     if holder.deleting {
         Some(EndReason::Released)
+    } else if holder.phase == Some(ClaimPhase::Expired) {
+        Some(EndReason::Expired)
+    } else if holder.phase == Some(ClaimPhase::Revoked) {
+        Some(EndReason::Revoked)
     } else if holder.pod == PodPresence::Missing {
         Some(EndReason::PodDeleted)
     } else if lease.deleting {
         Some(EndReason::LeaseDeleted)
-    } else if now >= holder.heartbeat_deadline {
+    } else if now >= holder.last_beat + lease.term {
         Some(EndReason::Expired)
     } else {
         None
@@ -142,14 +163,16 @@ fn holder_verdict(
 }
 
 /// Decides one step for one lease: end the holder if it must end, grant the next claim if
-/// the lease is free. Tokens only come from [`next_token`] over the larger of the lease's
-/// last token and its high-water mark, so they grow per lease name, never repeat (I1).
-pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant) -> Plan {
+/// the lease is free. `now_ms` is the wall clock (ms since the Unix epoch), a floor of the
+/// next token (see [`super::token`]). Tokens only come from [`next_token`] over the lease's
+/// last token and recorded high-water mark, so they grow per lease name, never repeat (I1).
+pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64) -> Plan {
     let mut plan = Plan {
         ended: None,
         grant: None,
         holder_uid: None,
         queue: Vec::new(),
+        expire: Vec::new(),
         tokens_exhausted: false,
         wake_at: None,
     };
@@ -158,6 +181,11 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant) -> Plan {
         let holder = claims.iter().find(|c| &c.uid == uid);
         match holder_verdict(lease, holder, now) {
             Some(reason) => {
+                let silent = reason == EndReason::Expired
+                    && holder.is_some_and(|h| h.phase != Some(ClaimPhase::Expired));
+                if silent {
+                    plan.expire.push(uid.clone());
+                }
                 plan.ended = Some(Ended {
                     uid: uid.clone(),
                     reason,
@@ -165,7 +193,7 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant) -> Plan {
             }
             None => {
                 plan.holder_uid = Some(uid.clone());
-                plan.wake_at = holder.map(|h| h.heartbeat_deadline);
+                plan.wake_at = holder.map(|h| h.last_beat + lease.term);
             }
         }
     }
@@ -174,11 +202,23 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant) -> Plan {
     let ended = plan.ended.as_ref().map(|e| e.uid.clone());
     let mut waiting = fifo_order(claims)
         .into_iter()
-        .filter(|c| Some(&c.uid) != holder.as_ref() && Some(&c.uid) != ended.as_ref());
+        .filter(|c| Some(&c.uid) != holder.as_ref() && Some(&c.uid) != ended.as_ref())
+        .peekable();
 
     if plan.holder_uid.is_none() && !lease.deleting {
+        // Waiters that fell silent for a whole duration (a candidate that died) are skipped,
+        // so they do not cost everyone behind them a term.
+        while let Some(next) = waiting.next_if(|c| now >= c.last_beat + lease.duration) {
+            plan.expire.push(next.uid.clone());
+        }
         if let Some(next) = waiting.next() {
-            match next_token(lease.last_token.max(lease.high_water_mark), lease.min_token) {
+            let floor = TokenFloor {
+                last_issued: lease.last_token,
+                recorded: lease.high_water_mark,
+                min_token: lease.min_token,
+                now_ms,
+            };
+            match next_token(floor) {
                 Some(token) => {
                     plan.grant = Some(Grant {
                         claim: next.name.clone(),
@@ -186,8 +226,7 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant) -> Plan {
                         token,
                     });
                     plan.holder_uid = Some(next.uid.clone());
-                    // Checked again once the grant is written and the heartbeat clock reset.
-                    plan.wake_at = None;
+                    plan.wake_at = Some(next.last_beat + lease.duration);
                 }
                 None => {
                     plan.tokens_exhausted = true;
@@ -206,7 +245,11 @@ mod tests {
 
     use super::*;
 
-    fn claim(name: &str, created: i64, deadline: Instant) -> ClaimView {
+    const D: Duration = Duration::from_secs(15);
+    const NOW_MS: i64 = 1_764_500_000_000;
+
+    /// A claim whose heartbeat was last seen changing at `beat`.
+    fn claim(name: &str, created: i64, beat: Instant) -> ClaimView {
         ClaimView {
             name: name.into(),
             uid: format!("uid-{name}"),
@@ -214,7 +257,7 @@ mod tests {
             deleting: false,
             pod: PodPresence::NotNamed,
             phase: Some(ClaimPhase::Pending),
-            heartbeat_deadline: deadline,
+            last_beat: beat,
         }
     }
 
@@ -225,6 +268,8 @@ mod tests {
             high_water_mark: 0,
             min_token: 0,
             deleting: false,
+            term: D,
+            duration: D,
         }
     }
 
@@ -236,51 +281,54 @@ mod tests {
         }
     }
 
+    fn granted(name: &str, created: i64, beat: Instant) -> ClaimView {
+        ClaimView {
+            phase: Some(ClaimPhase::Granted),
+            ..claim(name, created, beat)
+        }
+    }
+
     #[test]
-    fn oldest_pending_claim_is_granted_token_one() {
+    fn oldest_pending_claim_is_granted_a_token_at_least_the_wall_clock() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(15);
         let claims = [
-            claim("b", 20, later),
-            claim("a", 10, later),
-            claim("c", 20, later),
+            claim("b", 20, now),
+            claim("a", 10, now),
+            claim("c", 20, now),
         ];
-        let plan = decide(&free_lease(), &claims, now);
+        let plan = decide(&free_lease(), &claims, now, NOW_MS);
         assert_eq!(
             plan.grant,
             Some(Grant {
                 claim: "a".into(),
                 uid: "uid-a".into(),
-                token: 1
+                token: NOW_MS
             })
         );
         assert_eq!(plan.queue, ["b", "c"], "same second: by name");
+        assert!(plan.expire.is_empty());
     }
 
     #[test]
     fn live_holder_keeps_the_lease_and_wakes_at_its_deadline() {
         let now = Instant::now();
-        let deadline = now + Duration::from_secs(15);
-        let claims = [claim("a", 1, deadline), claim("b", 2, deadline)];
-        let plan = decide(&held_by("uid-a", 4), &claims, now);
+        let claims = [granted("a", 1, now), claim("b", 2, now)];
+        let plan = decide(&held_by("uid-a", 4), &claims, now, NOW_MS);
         assert_eq!(plan.ended, None);
         assert_eq!(plan.grant, None);
-        assert_eq!(plan.wake_at, Some(deadline));
+        assert_eq!(plan.wake_at, Some(now + D));
         assert_eq!(plan.queue, ["b"]);
     }
 
     #[test]
-    fn silent_holder_expires_at_its_deadline_not_before() {
-        let now = Instant::now();
-        let deadline = now + Duration::from_secs(15);
-        let claims = [claim("a", 1, deadline), claim("b", 2, deadline)];
-        let before = decide(
-            &held_by("uid-a", 4),
-            &claims,
-            deadline - Duration::from_millis(1),
-        );
+    fn a_silent_holder_is_to_be_expired_at_its_deadline_not_before() {
+        let beat = Instant::now();
+        let claims = [granted("a", 1, beat), claim("b", 2, beat + D)];
+        let lease = held_by("uid-a", 4);
+        let before = decide(&lease, &claims, beat + D - Duration::from_millis(1), NOW_MS);
         assert_eq!(before.ended, None);
-        let at = decide(&held_by("uid-a", 4), &claims, deadline);
+        assert!(before.expire.is_empty());
+        let at = decide(&lease, &claims, beat + D, NOW_MS);
         assert_eq!(
             at.ended,
             Some(Ended {
@@ -289,33 +337,68 @@ mod tests {
             })
         );
         assert_eq!(
-            at.grant,
-            Some(Grant {
-                claim: "b".into(),
-                uid: "uid-b".into(),
-                token: 5
-            })
+            at.expire,
+            ["uid-a"],
+            "confirmed on the claim before any grant"
         );
+        assert_eq!(
+            at.grant.map(|g| (g.claim, g.token)),
+            Some(("b".into(), NOW_MS))
+        );
+    }
+
+    #[test]
+    fn once_the_claim_says_expired_the_grant_needs_no_more_confirmation() {
+        let beat = Instant::now();
+        let mut a = granted("a", 1, beat);
+        a.phase = Some(ClaimPhase::Expired);
+        let claims = [a, claim("b", 2, beat + D)];
+        let plan = decide(&held_by("uid-a", 4), &claims, beat + D, NOW_MS);
+        assert_eq!(plan.ended.map(|e| e.reason), Some(EndReason::Expired));
+        assert!(plan.expire.is_empty());
+        assert_eq!(plan.grant.map(|g| g.claim), Some("b".into()));
+    }
+
+    #[test]
+    fn the_running_term_not_the_spec_decides_expiry() {
+        let beat = Instant::now();
+        let claims = [granted("a", 1, beat)];
+        let lease = LeaseView {
+            term: Duration::from_secs(3600),
+            duration: Duration::from_secs(10),
+            ..held_by("uid-a", 4)
+        };
+        let later = decide(&lease, &claims, beat + Duration::from_secs(11), NOW_MS);
+        assert_eq!(later.ended, None, "lowering the spec does not cut the term");
+        assert_eq!(later.wake_at, Some(beat + Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn a_silent_waiter_is_skipped_and_to_be_expired() {
+        let t0 = Instant::now();
+        let dead = claim("a", 1, t0);
+        let live = claim("b", 2, t0 + D);
+        let plan = decide(&free_lease(), &[dead, live], t0 + D, NOW_MS);
+        assert_eq!(plan.expire, ["uid-a"]);
+        assert_eq!(plan.grant.map(|g| g.claim), Some("b".into()));
     }
 
     #[test]
     fn deleted_claim_releases_and_next_is_granted_at_once() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(15);
-        let claims = [claim("b", 2, later)];
-        let plan = decide(&held_by("uid-a", 1), &claims, now);
+        let claims = [claim("b", 2, now)];
+        let plan = decide(&held_by("uid-a", NOW_MS - 5), &claims, now, NOW_MS);
         assert_eq!(plan.ended.map(|e| e.reason), Some(EndReason::Released));
-        assert_eq!(plan.grant.map(|g| g.token), Some(2));
+        assert_eq!(plan.grant.map(|g| g.token), Some(NOW_MS));
     }
 
     #[test]
     fn deleting_holder_claim_and_missing_pod_end_the_hold() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(15);
-        let mut a = claim("a", 1, later);
+        let mut a = granted("a", 1, now);
         a.deleting = true;
         assert_eq!(
-            decide(&held_by("uid-a", 1), &[a.clone()], now)
+            decide(&held_by("uid-a", 1), &[a.clone()], now, NOW_MS)
                 .ended
                 .map(|e| e.reason),
             Some(EndReason::Released)
@@ -323,7 +406,7 @@ mod tests {
         a.deleting = false;
         a.pod = PodPresence::Missing;
         assert_eq!(
-            decide(&held_by("uid-a", 1), &[a], now)
+            decide(&held_by("uid-a", 1), &[a], now, NOW_MS)
                 .ended
                 .map(|e| e.reason),
             Some(EndReason::PodDeleted)
@@ -333,50 +416,53 @@ mod tests {
     #[test]
     fn claims_that_cannot_hold_are_skipped() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(15);
-        let mut gone_pod = claim("a", 1, later);
+        let mut gone_pod = claim("a", 1, now);
         gone_pod.pod = PodPresence::Missing;
-        let mut expired = claim("b", 2, later);
+        let mut expired = claim("b", 2, now);
         expired.phase = Some(ClaimPhase::Expired);
-        let mut deleting = claim("c", 3, later);
+        let mut deleting = claim("c", 3, now);
         deleting.deleting = true;
-        let ok = claim("d", 4, later);
-        let plan = decide(&free_lease(), &[gone_pod, expired, deleting, ok], now);
+        let ok = claim("d", 4, now);
+        let plan = decide(
+            &free_lease(),
+            &[gone_pod, expired, deleting, ok],
+            now,
+            NOW_MS,
+        );
         assert_eq!(plan.grant.map(|g| g.claim), Some("d".into()));
     }
 
     #[test]
     fn min_token_and_high_water_mark_are_floors() {
         let now = Instant::now();
-        let claims = [claim("a", 1, now + Duration::from_secs(1))];
+        let claims = [claim("a", 1, now)];
         let lease = LeaseView {
-            min_token: 100,
+            min_token: NOW_MS * 2,
             ..free_lease()
         };
         assert_eq!(
-            decide(&lease, &claims, now).grant.map(|g| g.token),
-            Some(101)
+            decide(&lease, &claims, now, NOW_MS).grant.map(|g| g.token),
+            Some(NOW_MS * 2 + 1)
         );
         let lease = LeaseView {
-            high_water_mark: 41,
+            high_water_mark: NOW_MS + 41,
             ..free_lease()
         };
         assert_eq!(
-            decide(&lease, &claims, now).grant.map(|g| g.token),
-            Some(42)
+            decide(&lease, &claims, now, NOW_MS).grant.map(|g| g.token),
+            Some(NOW_MS + 42)
         );
     }
 
     #[test]
     fn deleting_lease_revokes_and_grants_no_one() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(15);
-        let claims = [claim("a", 1, later), claim("b", 2, later)];
+        let claims = [granted("a", 1, now), claim("b", 2, now)];
         let lease = LeaseView {
             deleting: true,
             ..held_by("uid-a", 3)
         };
-        let plan = decide(&lease, &claims, now);
+        let plan = decide(&lease, &claims, now, NOW_MS);
         assert_eq!(plan.ended.map(|e| e.reason), Some(EndReason::LeaseDeleted));
         assert_eq!(plan.grant, None);
     }
@@ -384,12 +470,12 @@ mod tests {
     #[test]
     fn exhausted_tokens_stop_grants() {
         let now = Instant::now();
-        let claims = [claim("a", 1, now + Duration::from_secs(1))];
+        let claims = [claim("a", 1, now)];
         let lease = LeaseView {
             last_token: i64::MAX,
             ..free_lease()
         };
-        let plan = decide(&lease, &claims, now);
+        let plan = decide(&lease, &claims, now, NOW_MS);
         assert_eq!(plan.grant, None);
         assert!(plan.tokens_exhausted);
     }
@@ -397,10 +483,8 @@ mod tests {
     #[test]
     fn a_granted_claim_the_lease_does_not_name_does_not_queue_again() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(15);
-        let mut stale = claim("a", 1, later);
-        stale.phase = Some(ClaimPhase::Granted);
-        let plan = decide(&free_lease(), &[stale, claim("b", 2, later)], now);
+        let stale = granted("a", 1, now);
+        let plan = decide(&free_lease(), &[stale, claim("b", 2, now)], now, NOW_MS);
         assert_eq!(plan.grant.map(|g| g.claim), Some("b".into()));
     }
 }

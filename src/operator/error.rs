@@ -20,6 +20,12 @@ pub enum Error {
     /// An object the operator needs is malformed (e.g. no namespace).
     #[error("unexpected object: {0}")]
     Unexpected(String),
+    /// The operator's record of a deleted lease's last token cannot be read: no token is
+    /// issued under that name until it is repaired (never read as zero).
+    #[error(
+        "token record {record} is damaged ({reason}); fix it to a decimal token, or delete the key and raise spec.minToken above every token this lease name ever issued"
+    )]
+    TokenRecord { record: String, reason: String },
 }
 
 impl Error {
@@ -33,6 +39,7 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::Contended(_) => "contended",
             Error::Unexpected(_) => "unexpected",
+            Error::TokenRecord { .. } => "token_record",
         }
     }
 
@@ -44,12 +51,18 @@ impl Error {
             Error::Timeout { .. } => "ApiTimeout",
             Error::Contended(_) => "Contended",
             Error::Unexpected(_) => "UnexpectedObject",
+            Error::TokenRecord { .. } => "TokenRecordUnreadable",
         }
     }
 
     /// Is this a 409 Conflict (someone else wrote first)?
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 409)
+    }
+
+    /// Is this a 422 Invalid (a precondition or validation rule refused the write)?
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 422)
     }
 
     /// Is this a 404 Not Found?

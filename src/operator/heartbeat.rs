@@ -7,6 +7,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::api::FencedLeaseClaim;
+
+/// The heartbeat value of a claim, as compared between observations.
+pub fn beat_of(claim: &FencedLeaseClaim) -> Option<String> {
+    claim.spec.renew_time.as_ref().map(|t| t.0.to_string())
+}
+
 #[derive(Debug)]
 struct Seen {
     beat: Option<String>,
@@ -41,11 +48,17 @@ impl Heartbeats {
         }
     }
 
-    /// Starts the claim's term afresh at `now` (it was just granted the lease).
-    pub fn restart_term(&self, uid: &str, now: Instant) {
-        if let Some(s) = self.lock().get_mut(uid) {
-            s.changed_at = now;
+    /// Starts every claim's clock afresh at `now`: after a watch error or relist the operator
+    /// may have missed heartbeats, so it gives every holder a full term, as a restart does.
+    pub fn restart_all(&self, now: Instant) {
+        for seen in self.lock().values_mut() {
+            seen.changed_at = seen.changed_at.max(now);
         }
+    }
+
+    /// The heartbeat value last seen for `uid` (`None` if never seen or never set).
+    pub fn last_value(&self, uid: &str) -> Option<String> {
+        self.lock().get(uid).and_then(|s| s.beat.clone())
     }
 
     /// When the heartbeat of `uid` last changed; `now` if it has never been seen.
@@ -113,14 +126,18 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_restarts_the_term() {
+    fn a_relist_restarts_every_clock() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", None, t0);
-        hb.restart_term("a", t0 + Duration::from_secs(30));
-        assert_eq!(
-            hb.last_change("a", t0 + Duration::from_secs(31)),
-            t0 + Duration::from_secs(30)
-        );
+        hb.observe("a", Some("10:00:00"), t0);
+        hb.observe("b", None, t0);
+        hb.restart_all(t0 + Duration::from_secs(30));
+        for uid in ["a", "b"] {
+            assert_eq!(
+                hb.last_change(uid, t0 + Duration::from_secs(31)),
+                t0 + Duration::from_secs(30)
+            );
+        }
+        assert_eq!(hb.last_value("a").as_deref(), Some("10:00:00"));
     }
 }

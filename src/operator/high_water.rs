@@ -1,8 +1,16 @@
 //! Tokens outlive their lease object. Before a FencedLease goes, its finalizer records the
-//! last token issued under its name in the ConfigMap `fenced-lease-tokens` of the operator's
-//! own namespace (key `<namespace>.<lease>`); a lease re-created under that name starts above
-//! it. A ConfigMap is a core object outside the leases' namespaces, so the record survives
-//! the CRDs being uninstalled and installed again, and the lease's namespace being deleted.
+//! last token issued under its name (or its `minToken`, if higher) in a ConfigMap of the
+//! operator's own namespace, one per lease namespace: `fenced-lease-tokens.<namespace>`, key
+//! `<lease>`. A lease re-created under that name starts above it. A ConfigMap is a core
+//! object outside the leases' namespaces, so the record survives the CRDs being uninstalled
+//! and the lease's namespace being deleted.
+//!
+//! The record is the second line of defence: tokens are also never below the wall-clock
+//! time of their grant (see [`super::token`]), so a lease re-created after the record is
+//! lost too (deleted, left behind in another namespace, the finalizer stripped) still starts
+//! above its past. A record that cannot be read is never taken as zero: the lease waits, with
+//! a condition and a Warning Event, until someone repairs or deletes it. Records older than
+//! [`PRUNE_AFTER`] by the clock are dropped when a record is written: the clock covers them.
 
 use std::collections::BTreeMap;
 
@@ -16,8 +24,12 @@ use crate::api::FencedLease;
 
 /// Finalizer that records the lease's last token before it is deleted.
 pub const FINALIZER: &str = "fencing.dev/token-high-water-mark";
-/// ConfigMap (in the operator's namespace) holding the last token of each deleted lease.
-pub const CONFIG_MAP: &str = "fenced-lease-tokens";
+/// Prefix of the ConfigMaps (in the operator's namespace) holding the last token of each
+/// deleted lease; the lease's namespace follows.
+pub const CONFIG_MAP_PREFIX: &str = "fenced-lease-tokens.";
+/// A record whose token is older than this by the wall clock (tokens are at least the
+/// grant's time in ms) adds nothing to the clock floor and is dropped: 24 hours.
+pub const PRUNE_AFTER_MS: i64 = 24 * 3600 * 1000;
 
 pub fn has_finalizer(lease: &FencedLease) -> bool {
     lease
@@ -28,49 +40,95 @@ pub fn has_finalizer(lease: &FencedLease) -> bool {
         .any(|f| f == FINALIZER)
 }
 
-/// The ConfigMap key of lease `name` in namespace `ns` (both DNS names, so the key is valid).
-pub fn key(ns: &str, name: &str) -> String {
-    format!("{ns}.{name}")
+/// The ConfigMap holding the records of namespace `ns` (a DNS label, so the name is valid).
+pub fn config_map_name(ns: &str) -> String {
+    format!("{CONFIG_MAP_PREFIX}{ns}")
+}
+
+/// Parses a recorded token: decimal digits only, nothing around them. Anything else is a
+/// damaged record, reported, never read as zero.
+pub fn parse_record(value: &str) -> Result<i64, String> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{value:?} is not a decimal token"));
+    }
+    value
+        .parse()
+        .map_err(|e| format!("{value:?} is not a token: {e}"))
+}
+
+fn record_of(cm: &ConfigMap, lease: &str) -> Result<i64> {
+    let Some(value) = cm.data.as_ref().and_then(|d| d.get(lease)) else {
+        return Ok(0);
+    };
+    parse_record(value).map_err(|reason| Error::TokenRecord {
+        record: format!(
+            "ConfigMap {} key {lease}",
+            cm.metadata.name.as_deref().unwrap_or_default()
+        ),
+        reason,
+    })
 }
 
 /// The recorded high-water mark of lease `ns/name`, 0 when none. Read from the API, not a cache.
 pub async fn read(ctx: &Context, ns: &str, name: &str) -> Result<i64> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.state_namespace);
     let cm = timed(
-        "read token high-water mark",
+        "read token record",
         ctx.api_timeout,
-        api.get_opt(CONFIG_MAP),
+        api.get_opt(&config_map_name(ns)),
     )
     .await?;
-    Ok(cm
-        .and_then(|cm| cm.data?.get(&key(ns, name))?.parse().ok())
-        .unwrap_or(0))
+    cm.map_or(Ok(0), |cm| record_of(&cm, name))
 }
 
-/// Raises the recorded mark of `ns/name` to `token` (never lowers it). Optimistic: retried on 409.
+/// The records after raising `lease` to `token` (never lowering it) at wall-clock `now_ms`,
+/// without those the clock covers; `None` when nothing changes.
+pub fn raised(
+    data: &BTreeMap<String, String>,
+    lease: &str,
+    token: i64,
+    now_ms: i64,
+) -> Option<BTreeMap<String, String>> {
+    let kept = |value: &String| parse_record(value).map_or(true, |t| t > now_ms - PRUNE_AFTER_MS);
+    let mut next: BTreeMap<String, String> = data
+        .iter()
+        .filter(|(key, value)| key.as_str() == lease || kept(value))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let recorded = next
+        .get(lease)
+        .and_then(|v| parse_record(v).ok())
+        .unwrap_or(0);
+    if recorded < token {
+        next.insert(lease.to_string(), token.to_string());
+    }
+    (&next != data).then_some(next)
+}
+
+/// Raises the recorded mark of `ns/name` to `token` (never lowers it). Optimistic: retried
+/// on 409. A damaged record of this lease is an error: overwriting it could lower it.
 pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.state_namespace);
-    let name = key(ns, name);
-    let name = name.as_str();
+    let cm_name = config_map_name(ns);
     for _ in 0..10 {
-        let current = timed(
-            "read token high-water mark",
-            ctx.api_timeout,
-            api.get_opt(CONFIG_MAP),
-        )
-        .await?;
+        let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        let current = timed("read token record", ctx.api_timeout, api.get_opt(&cm_name)).await?;
         let result = match current {
             None => {
                 let cm = ConfigMap {
                     metadata: ObjectMeta {
-                        name: Some(CONFIG_MAP.into()),
+                        name: Some(cm_name.clone()),
+                        labels: Some(BTreeMap::from([(
+                            "app.kubernetes.io/managed-by".to_string(),
+                            "fenced-lease-operator".to_string(),
+                        )])),
                         ..Default::default()
                     },
                     data: Some(BTreeMap::from([(name.to_string(), token.to_string())])),
                     ..Default::default()
                 };
                 timed(
-                    "create token high-water mark",
+                    "create token record",
                     ctx.api_timeout,
                     api.create(&PostParams::default(), &cm),
                 )
@@ -78,19 +136,16 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
                 .map(drop)
             }
             Some(mut cm) => {
-                let data = cm.data.get_or_insert_with(BTreeMap::new);
-                let recorded = data
-                    .get(name)
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(0);
-                if recorded >= token {
+                record_of(&cm, name)?;
+                let data = cm.data.clone().unwrap_or_default();
+                let Some(next) = raised(&data, name, token, now_ms) else {
                     return Ok(());
-                }
-                data.insert(name.to_string(), token.to_string());
+                };
+                cm.data = Some(next);
                 timed(
-                    "update token high-water mark",
+                    "update token record",
                     ctx.api_timeout,
-                    api.replace(CONFIG_MAP, &PostParams::default(), &cm),
+                    api.replace(&cm_name, &PostParams::default(), &cm),
                 )
                 .await
                 .map(drop)
@@ -102,7 +157,10 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
             Err(e) => return Err(e),
         }
     }
-    Err(Error::Contended(format!("{ns}/{CONFIG_MAP}")))
+    Err(Error::Contended(format!(
+        "{}/{cm_name}",
+        ctx.state_namespace
+    )))
 }
 
 /// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost.
@@ -154,5 +212,47 @@ async fn patch_finalizers(
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_764_500_000_000;
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn damaged_records_are_errors_not_zero() {
+        assert_eq!(parse_record("51"), Ok(51));
+        for bad in ["51\n", " 51", "", "-3", "5e3", "x"] {
+            assert!(parse_record(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_is_raised_never_lowered() {
+        let d = data(&[("a", &(NOW + 9).to_string())]);
+        assert_eq!(raised(&d, "a", NOW + 5, NOW), None);
+        let up = raised(&d, "a", NOW + 12, NOW).unwrap();
+        assert_eq!(up["a"], (NOW + 12).to_string());
+    }
+
+    #[test]
+    fn records_the_clock_covers_are_dropped() {
+        let old = (NOW - PRUNE_AFTER_MS - 1).to_string();
+        let recent = (NOW - 1000).to_string();
+        let d = data(&[("old", &old), ("recent", &recent), ("bad", "x")]);
+        let next = raised(&d, "new", NOW, NOW).unwrap();
+        assert!(!next.contains_key("old"));
+        assert_eq!(next["recent"], recent);
+        assert_eq!(next["bad"], "x", "a damaged record is left for a human");
+        assert_eq!(next["new"], NOW.to_string());
     }
 }

@@ -121,6 +121,18 @@ impl Metrics {
         };
         self.holders.remove(&labels);
         self.waiting.remove(&labels);
+        for transition in [
+            Transition::Granted,
+            Transition::Expired,
+            Transition::Released,
+            Transition::Revoked,
+        ] {
+            self.transitions.remove(&TransitionLabels {
+                namespace: namespace.into(),
+                lease: lease.into(),
+                transition,
+            });
+        }
     }
 
     pub fn error(&self, label: &str) {

@@ -2,7 +2,8 @@
 //! deleted ones, and annotates holder pods.
 //!
 //! - [`decide`]: who holds next and why a holder stops (pure); [`token`]: the next token.
-//! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock).
+//! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
+//!   [`expire`]: an expiry confirmed on a fresh read and made final on the claim (I9).
 //! - [`status`]: the lease and claim statuses a decision implies (pure).
 //! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
 //!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
@@ -10,11 +11,13 @@
 //! - [`run`]: watches and controllers ([`decode`]: watches one unreadable object cannot stop); [`leader`]: leader election; [`http`]: health and
 //!   metrics endpoints; [`metrics`], [`error`], [`context`].
 
+pub mod backoff;
 pub mod claims;
 pub mod context;
 pub mod decide;
 pub mod decode;
 pub mod error;
+pub mod expire;
 pub mod heartbeat;
 pub mod high_water;
 pub mod http;

@@ -11,44 +11,80 @@ use super::decide::PodPresence;
 use super::error::{Result, timed};
 use crate::api::{FencedLease, FencedLeaseClaim, token_annotation_key};
 
-/// Does the pod `claim` names exist, as the cache says?
-pub fn presence(claim: &FencedLeaseClaim, pods: &Store<PartialObjectMeta<Pod>>) -> PodPresence {
+/// Does the pod `claim` names exist, as the cache says? `granted_to` is the pod UID its
+/// grant was made to, if it holds the lease.
+pub fn presence(
+    claim: &FencedLeaseClaim,
+    pods: &Store<PartialObjectMeta<Pod>>,
+    granted_to: Option<&str>,
+) -> PodPresence {
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
         return PodPresence::NotNamed;
     };
     presence_of(
         claim,
         pods.get(&ObjectRef::new(pod_name).within(ns)).as_deref(),
+        granted_to,
     )
 }
 
 /// Does the pod `claim` names exist, asking the API rather than the cache? For decisions
 /// that end a hold: a pod created after the cache last heard is not a deleted pod.
-pub async fn confirmed_presence(ctx: &Context, claim: &FencedLeaseClaim) -> Result<PodPresence> {
+pub async fn confirmed_presence(
+    ctx: &Context,
+    claim: &FencedLeaseClaim,
+    granted_to: Option<&str>,
+) -> Result<PodPresence> {
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
         return Ok(PodPresence::NotNamed);
     };
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let pod = timed("read pod", ctx.api_timeout, api.get_metadata_opt(pod_name)).await?;
-    Ok(presence_of(claim, pod.as_ref()))
+    Ok(presence_of(claim, pod.as_ref(), granted_to))
 }
 
-/// A pod of the claim's pod name with another UID than the one the claim is owned by is a
-/// new pod (a StatefulSet replacement, say): the claim's pod is gone.
-fn presence_of(claim: &FencedLeaseClaim, pod: Option<&PartialObjectMeta<Pod>>) -> PodPresence {
-    let Some(pod) = pod else {
-        return PodPresence::Missing;
-    };
-    let owner_uid = claim
+/// The UID of the pod a claim belongs to: its Pod ownerReference's, else the UID of the pod
+/// of that name now (from the cache). Recorded at the grant, checked on every later decision.
+pub fn pod_uid(claim: &FencedLeaseClaim, pods: &Store<PartialObjectMeta<Pod>>) -> Option<String> {
+    let (pod_name, ns) = (
+        claim.spec.pod_name.as_ref()?,
+        claim.metadata.namespace.as_ref()?,
+    );
+    owner_uid(claim).map(str::to_owned).or_else(|| {
+        pods.get(&ObjectRef::new(pod_name).within(ns))?
+            .metadata
+            .uid
+            .clone()
+    })
+}
+
+fn owner_uid(claim: &FencedLeaseClaim) -> Option<&str> {
+    claim
         .metadata
         .owner_references
         .iter()
         .flatten()
         .find(|o| o.kind == "Pod" && Some(&o.name) == claim.spec.pod_name.as_ref())
-        .map(|o| o.uid.as_str());
-    match owner_uid {
-        Some(uid) if pod.metadata.uid.as_deref() != Some(uid) => PodPresence::Missing,
-        _ => PodPresence::Present,
+        .map(|o| o.uid.as_str())
+}
+
+/// A pod of the claim's pod name with another UID than the one the claim is owned by, or
+/// the one its grant was made to, is a new pod (a StatefulSet replacement after a force
+/// delete, say): the claim's pod is gone, and the new one inherits nothing.
+fn presence_of(
+    claim: &FencedLeaseClaim,
+    pod: Option<&PartialObjectMeta<Pod>>,
+    granted_to: Option<&str>,
+) -> PodPresence {
+    let Some(pod) = pod else {
+        return PodPresence::Missing;
+    };
+    let uid = pod.metadata.uid.as_deref();
+    let expected = [owner_uid(claim), granted_to];
+    if expected.iter().flatten().any(|want| uid != Some(*want)) {
+        PodPresence::Missing
+    } else {
+        PodPresence::Present
     }
 }
 
@@ -66,8 +102,17 @@ pub async fn repair_annotations(
         .holder
         .as_ref()
         .filter(|_| lease.spec.annotate_holder_pod && lease.metadata.deletion_timestamp.is_none())
-        .and_then(|h| h.pod_name.clone())
-        .map(|pod| (pod, status.fencing_token.to_string()));
+        .and_then(|h| Some((h.pod_name.clone()?, h.pod_uid.clone())))
+        .map(|(pod, uid)| (pod, uid, status.fencing_token.to_string()));
+    // Only the pod the grant was made to, by UID, carries the token (I5).
+    let is_wanted = |p: &PartialObjectMeta<Pod>| {
+        wanted.as_ref().is_some_and(|(name, uid, _)| {
+            p.metadata.name.as_ref() == Some(name)
+                && uid
+                    .as_ref()
+                    .is_none_or(|u| p.metadata.uid.as_ref() == Some(u))
+        })
+    };
 
     let pods = ctx.pods.state_filter(|p| {
         p.metadata.namespace.as_deref() == Some(ns)
@@ -76,17 +121,15 @@ pub async fn repair_annotations(
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key(&key))
-                || wanted
-                    .as_ref()
-                    .is_some_and(|(w, _)| p.metadata.name.as_ref() == Some(w)))
+                || is_wanted(p))
     });
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     for pod in pods {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let desired = wanted
             .as_ref()
-            .filter(|(w, _)| *w == name)
-            .map(|(_, token)| token.as_str());
+            .filter(|_| is_wanted(&pod))
+            .map(|(_, _, token)| token.as_str());
         let current = pod
             .metadata
             .annotations
@@ -96,20 +139,34 @@ pub async fn repair_annotations(
         if current == desired {
             continue;
         }
-        let patch = json!({ "metadata": { "annotations": { key.clone(): desired } } });
-        match timed(
-            "annotate pod",
-            ctx.api_timeout,
-            api.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await
-        {
-            Ok(_) => {
-                tracing::debug!(pod = %name, lease = %lease_name, token = ?desired, "pod annotation set")
-            }
-            Err(e) if e.is_not_found() => {} // gone meanwhile; its claim is released by the pod watch
-            Err(e) => return Err(e),
-        }
+        set_annotation(ctx, &api, &pod, &key, desired).await?;
+        tracing::debug!(pod = %name, lease = %lease_name, token = ?desired, "pod annotation set");
     }
     Ok(())
+}
+
+/// Sets (or with `None` removes) annotation `key` on `pod`, preconditioned on the pod's UID:
+/// a pod replaced under the same name since the cache saw it is never written.
+pub async fn set_annotation(
+    ctx: &Context,
+    api: &Api<Pod>,
+    pod: &PartialObjectMeta<Pod>,
+    key: &str,
+    value: Option<&str>,
+) -> Result<()> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let patch = json!({ "metadata": { "uid": pod.metadata.uid, "annotations": { key: value } } });
+    match timed(
+        "annotate pod",
+        ctx.api_timeout,
+        api.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Ok(_) => Ok(()),
+        // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of
+        // another UID, which the precondition kept us from writing.
+        Err(e) if e.is_not_found() || e.is_conflict() || e.is_invalid() => Ok(()),
+        Err(e) => Err(e),
+    }
 }

@@ -1,7 +1,9 @@
 //! The FencedLease reconciler: gather the lease, its claims and their pods from the caches,
-//! [`decide`], write the lease status (the linearization point: one write carrying the
-//! resourceVersion it was decided on), then repair claim statuses and pod annotations from it.
+//! [`decide`], confirm and make final any expiry on a fresh read ([`expire`]), write the
+//! lease status (the linearization point: one write carrying the resourceVersion it was
+//! decided on), then repair claim statuses and pod annotations from it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,48 +15,68 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::backoff::retry_delay;
 use super::context::{Context, claim_reference};
 use super::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
 use super::error::{Error, Result, timed};
+use super::expire::{Confirmed, Fresh, confirm_and_expire};
 use super::metrics::Transition;
 use super::{high_water, pods, status};
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus};
 
 /// Field manager of the operator's claim status writes.
 pub const MANAGER: &str = "fenced-lease-operator";
-/// Attempts at the lease status write before giving up this round (each after a re-read).
-const MAX_CONFLICTS: usize = 5;
+/// Rounds of decide-and-write before giving up this reconcile (each after a 409 re-read or
+/// an expiry confirmation).
+const MAX_ROUNDS: usize = 8;
 
 pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.is_synced() {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let started = Instant::now();
-    let result = reconcile_lease(lease, &ctx).await;
+    let result = reconcile_lease(lease.clone(), &ctx).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.failures.succeeded(&failure_key(&lease));
+    }
     result
 }
 
-/// Failed reconciles are retried with a short delay; the error is counted and reported.
+fn failure_key(lease: &FencedLease) -> String {
+    format!(
+        "{}/{}",
+        lease.namespace().unwrap_or_default(),
+        lease.name_any()
+    )
+}
+
+/// Failed reconciles are retried with exponential backoff; the error is counted, logged,
+/// and reported by one Warning Event per cause (not per retry).
 pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(error.metric_label());
+    let (attempt, new_cause) = ctx
+        .failures
+        .failed(&failure_key(&lease), error.event_reason());
     if error.is_conflict() {
         // Someone else moved first; deciding again on fresh state is routine.
         tracing::debug!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile conflicted");
     } else {
-        warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile failed");
-        let ctx = ctx.clone();
-        let reference = lease.object_ref(&());
-        let note = format!("{error}");
-        let reason = error.event_reason();
-        tokio::spawn(async move {
-            ctx.event(&reference, EventType::Warning, reason, "Reconcile", note)
-                .await
-        });
+        warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, attempt, "reconcile failed");
+        if new_cause {
+            let ctx = ctx.clone();
+            let reference = lease.object_ref(&());
+            let note = format!("{error}");
+            let reason = error.event_reason();
+            tokio::spawn(async move {
+                ctx.event(&reference, EventType::Warning, reason, "Reconcile", note)
+                    .await
+            });
+        }
     }
-    Action::requeue(Duration::from_millis(500))
+    Action::requeue(retry_delay(attempt, rand::random::<f64>()))
 }
 
 async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Action> {
@@ -63,9 +85,11 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
     let name = lease.name_any();
     let api: Api<FencedLease> = Api::namespaced(ctx.client.clone(), &ns);
-    let deleting = lease.metadata.deletion_timestamp.is_some();
 
-    if !deleting && !high_water::has_finalizer(&lease) {
+    if lease.metadata.deletion_timestamp.is_some() {
+        return finalize(ctx, &api, &lease, &ns, &name).await;
+    }
+    if !high_water::has_finalizer(&lease) {
         // No token is issued before the finalizer that will record it is in place.
         match high_water::add_finalizer(ctx, &api, &lease).await {
             // Our cached copy is older than the lease: its update event is on its way.
@@ -75,19 +99,16 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         return Ok(Action::await_change());
     }
 
-    let Some((before, lease, plan)) =
-        write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await?
-    else {
-        return Ok(Action::await_change()); // deleted meanwhile
-    };
-    let now = Instant::now();
-    if let Some(grant) = &plan.grant {
-        ctx.heartbeats.restart_term(&grant.uid, now);
-    }
+    let (before, lease, plan, fresh) =
+        match write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await? {
+            Outcome::Written(outcome) => *outcome,
+            Outcome::Gone => return Ok(Action::await_change()),
+            Outcome::Requeue => return Ok(Action::requeue(Duration::from_millis(100))),
+        };
     report_transitions(ctx, &lease, &before, &plan, &ns, &name).await;
 
     let status = lease.status.clone().unwrap_or_default();
-    repair_claims(ctx, &status, &plan, &ns, &name).await?;
+    repair_claims(ctx, &status, &plan, &fresh, &ns, &name).await?;
     pods::repair_annotations(ctx, &lease, &ns, &name).await?;
     ctx.metrics.lease_state(
         &ns,
@@ -96,30 +117,52 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         i64::from(status.waiting),
     );
 
-    if deleting {
-        high_water::record(ctx, &ns, &name, status.fencing_token).await?;
-        high_water::remove_finalizer(ctx, &api, &lease).await?;
-        ctx.metrics.forget_lease(&ns, &name);
-        info!(lease = %name, namespace = %ns, token = status.fencing_token, "lease deleted; last token recorded");
-        return Ok(Action::await_change());
-    }
-
-    let wake_at = match &plan.grant {
-        Some(_) => Some(now + lease_duration(&lease)),
-        None => plan.wake_at,
-    };
-    Ok(match wake_at {
+    Ok(match plan.wake_at {
         Some(at) => Action::requeue(at.saturating_duration_since(Instant::now())),
         None => Action::await_change(),
     })
 }
 
-fn lease_duration(lease: &FencedLease) -> Duration {
-    Duration::from_secs(
-        u64::try_from(lease.spec.lease_duration_seconds)
-            .unwrap_or(1)
-            .max(1),
-    )
+/// The deletion path. The last token is recorded first: that alone must succeed before the
+/// lease may go. Revoking its holder, the claims' statuses and the pod annotations are best
+/// effort, so a refused pod patch (say) cannot wedge the deletion of a namespace; claims and
+/// pods of a lease that is gone are repaired by the claim reconciler anyway.
+async fn finalize(
+    ctx: &Context,
+    api: &Api<FencedLease>,
+    lease: &FencedLease,
+    ns: &str,
+    name: &str,
+) -> Result<Action> {
+    if !high_water::has_finalizer(lease) {
+        return Ok(Action::await_change());
+    }
+    let status = lease.status.clone().unwrap_or_default();
+    let last = status.fencing_token.max(lease.spec.min_token);
+    high_water::record(ctx, ns, name, last).await?;
+
+    let revoked = async {
+        if let Outcome::Written(outcome) =
+            write_lease_status(ctx, api, lease.clone(), ns, name).await?
+        {
+            let (before, written, plan, fresh) = *outcome;
+            report_transitions(ctx, &written, &before, &plan, ns, name).await;
+            let status = written.status.clone().unwrap_or_default();
+            repair_claims(ctx, &status, &plan, &fresh, ns, name).await?;
+        }
+        pods::repair_annotations(ctx, lease, ns, name).await
+    };
+    if let Err(error) = revoked.await {
+        warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");
+    }
+    high_water::remove_finalizer(ctx, api, lease).await?;
+    ctx.metrics.forget_lease(ns, name);
+    info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
+    Ok(Action::await_change())
+}
+
+fn seconds(s: i32) -> Duration {
+    Duration::from_secs(u64::try_from(s).unwrap_or(1).max(1))
 }
 
 fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<FencedLeaseClaim>> {
@@ -127,56 +170,132 @@ fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<FencedLeaseClaim>>
         .state_filter(|c| c.metadata.namespace.as_deref() == Some(ns) && c.spec.lease_name == lease)
 }
 
-/// Decides and writes the lease status; on 409 re-reads the lease and decides again.
-/// Returns the status the decision started from, the lease as written (or as read, when
-/// nothing changed) and the plan it carries; `None` when the lease is gone.
+/// The lease's claims: the cache, overlaid with what this reconcile read from the API.
+fn current_claims(
+    ctx: &Context,
+    ns: &str,
+    lease: &str,
+    fresh: &Fresh,
+) -> Vec<Arc<FencedLeaseClaim>> {
+    let mut claims: Vec<Arc<FencedLeaseClaim>> = claims_of(ctx, ns, lease)
+        .into_iter()
+        .filter(|c| {
+            !c.metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| fresh.contains_key(uid))
+        })
+        .collect();
+    claims.extend(fresh.values().flatten().cloned().map(Arc::new));
+    claims
+}
+
+type Written = (FencedLeaseStatus, FencedLease, Plan, Fresh);
+
+/// How [`write_lease_status`] ended.
+enum Outcome {
+    /// The status the decision started from, the lease as written (or as read, when nothing
+    /// changed), the plan it carries, and the claims read fresh on the way.
+    Written(Box<Written>),
+    /// The lease is gone.
+    Gone,
+    /// The lease was replaced, is being deleted, or lost its finalizer since the reconcile
+    /// started: decide again from the start.
+    Requeue,
+}
+
+/// Decides and writes the lease status. Expiries the decision asks for are confirmed and made
+/// final first (then it decides again); on 409 it re-reads the lease and decides again.
 async fn write_lease_status(
     ctx: &Context,
     api: &Api<FencedLease>,
     mut lease: FencedLease,
     ns: &str,
     name: &str,
-) -> Result<Option<(FencedLeaseStatus, FencedLease, Plan)>> {
-    for _ in 0..MAX_CONFLICTS {
-        let claims = claims_of(ctx, ns, name);
+) -> Result<Outcome> {
+    let mut fresh = Fresh::new();
+    // Pod presence the API confirmed for a claim (by UID), over the cache's.
+    let mut confirmed_pods: HashMap<String, PodPresence> = HashMap::new();
+    for _ in 0..MAX_ROUNDS {
+        let claims = current_claims(ctx, ns, name, &fresh);
         let current = lease.status.clone().unwrap_or_default();
+        let holder_pod_uid = current.holder.as_ref().and_then(|h| h.pod_uid.clone());
+        let holder_uid = current.holder.as_ref().map(|h| h.claim_uid.clone());
         let now = Instant::now();
-        let duration = lease_duration(&lease);
-        let mut views: Vec<ClaimView> = claims
+        let views: Vec<ClaimView> = claims
             .iter()
-            .map(|c| claim_view(ctx, c, pods::presence(c, &ctx.pods), now, duration))
+            .map(|c| {
+                let granted_to = (c.metadata.uid == holder_uid)
+                    .then_some(holder_pod_uid.as_deref())
+                    .flatten();
+                let confirmed = c.metadata.uid.as_ref().and_then(|u| confirmed_pods.get(u));
+                let pod = confirmed
+                    .copied()
+                    .unwrap_or_else(|| pods::presence(c, &ctx.pods, granted_to));
+                claim_view(ctx, c, pod, now)
+            })
             .collect();
+        let duration = seconds(lease.spec.lease_duration_seconds);
         let mut view = LeaseView {
-            holder_uid: current.holder.as_ref().map(|h| h.claim_uid.clone()),
+            holder_uid,
             last_token: current.fencing_token,
             high_water_mark: 0,
             min_token: lease.spec.min_token,
             deleting: lease.metadata.deletion_timestamp.is_some(),
+            term: current.lease_duration_seconds.map_or(duration, seconds),
+            duration,
         };
-        let mut plan = decide(&view, &views, now);
-        if let Some(confirmed) = confirm_holder(ctx, ns, &current, &plan, now, duration).await? {
+        let mut plan = decide(&view, &views, now, Timestamp::now().as_millisecond());
+        if let Some((claim, pod)) = confirm_holder(ctx, ns, &current, &plan).await? {
             // The cache was behind the API (another replica granted a claim we have not
             // heard of yet, say): decide on what the API says, not on the cache.
-            views.retain(|v| v.uid != confirmed.uid);
-            views.push(confirmed);
-            plan = decide(&view, &views, now);
+            if let Some(uid) = claim.metadata.uid.clone() {
+                confirmed_pods.insert(uid.clone(), pod);
+                fresh.insert(uid, Some(claim));
+            }
+            continue;
+        }
+        if !plan.expire.is_empty() {
+            for uid in &plan.expire {
+                let Some(claim) = views.iter().find(|v| &v.uid == uid) else {
+                    continue;
+                };
+                let holder = view.holder_uid.as_ref() == Some(uid);
+                let confirmed =
+                    confirm_and_expire(ctx, ns, name, &claim.name, uid, holder, &mut fresh).await?;
+                if confirmed == Confirmed::Changed {
+                    break;
+                }
+            }
+            continue; // decide again on what the API said
         }
         if plan.grant.is_some() && current.fencing_token == 0 {
-            // The first grant of this lease object: continue above the last token issued
-            // under its name before it was (re-)created. Read from the API, not a cache.
+            // The first grant of this lease object: continue above the last token recorded
+            // under its name before it was (re-)created. Read from the API, not a cache; a
+            // damaged record stops the grant.
             view.high_water_mark = high_water::read(ctx, ns, name).await?;
-            plan = decide(&view, &views, now);
+            plan = decide(&view, &views, now, Timestamp::now().as_millisecond());
         }
         let refs: Vec<&FencedLeaseClaim> = claims.iter().map(|c| c.as_ref()).collect();
+        let granted = plan.grant.as_ref().and_then(|g| {
+            claims
+                .iter()
+                .find(|c| c.metadata.uid.as_deref() == Some(&g.uid))
+        });
+        let term = status::Term {
+            duration_seconds: lease.spec.lease_duration_seconds,
+            pod_uid: granted.and_then(|c| pods::pod_uid(c, &ctx.pods)),
+        };
         let desired = status::lease_status(
             &current,
             &plan,
             &refs,
+            &term,
             lease.metadata.generation,
             Timestamp::now(),
         );
         if current == desired {
-            return Ok(Some((current, lease, plan)));
+            return Ok(Outcome::Written(Box::new((current, lease, plan, fresh))));
         }
         let mut update = lease.clone();
         update.status = Some(desired);
@@ -188,14 +307,21 @@ async fn write_lease_status(
         )
         .await;
         match written {
-            Ok(written) => return Ok(Some((current, written, plan))),
+            Ok(written) => return Ok(Outcome::Written(Box::new((current, written, plan, fresh)))),
             Err(e) if e.is_conflict() => {
                 ctx.metrics.conflicts.inc();
                 info!(lease = %name, namespace = %ns, "lease changed since it was read; deciding again");
-                match timed("read lease", ctx.api_timeout, api.get_opt(name)).await? {
-                    Some(fresh) => lease = fresh,
-                    None => return Ok(None),
+                let Some(read) = timed("read lease", ctx.api_timeout, api.get_opt(name)).await?
+                else {
+                    return Ok(Outcome::Gone);
+                };
+                let replaced = read.metadata.uid != lease.metadata.uid;
+                let newly_deleting = read.metadata.deletion_timestamp.is_some()
+                    && lease.metadata.deletion_timestamp.is_none();
+                if replaced || newly_deleting || !high_water::has_finalizer(&read) {
+                    return Ok(Outcome::Requeue);
                 }
+                lease = read;
             }
             Err(e) => return Err(e),
         }
@@ -208,12 +334,11 @@ fn claim_view(
     claim: &FencedLeaseClaim,
     pod: PodPresence,
     now: Instant,
-    duration: Duration,
 ) -> ClaimView {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     ClaimView {
         name: claim.name_any(),
-        heartbeat_deadline: ctx.heartbeats.last_change(&uid, now) + duration,
+        last_beat: ctx.heartbeats.last_change(&uid, now),
         uid,
         created: claim
             .metadata
@@ -227,16 +352,14 @@ fn claim_view(
 }
 
 /// A hold ends because its claim or pod is gone only when the API says so. When the cache
-/// alone says so (it has not heard of the claim or its pod yet), this returns the holder as
-/// the API has it, to decide again on.
+/// alone says so (it has not heard of the claim or its pod yet), this returns the holder's
+/// claim and pod presence as the API has them, to decide again on.
 async fn confirm_holder(
     ctx: &Context,
     ns: &str,
     current: &FencedLeaseStatus,
     plan: &Plan,
-    now: Instant,
-    duration: Duration,
-) -> Result<Option<ClaimView>> {
+) -> Result<Option<(FencedLeaseClaim, PodPresence)>> {
     let (Some(ended), Some(holder)) = (&plan.ended, &current.holder) else {
         return Ok(None);
     };
@@ -253,11 +376,16 @@ async fn confirm_holder(
     else {
         return Ok(None); // really gone
     };
-    if claim.metadata.uid.as_deref() != Some(holder.claim_uid.as_str()) {
-        return Ok(None); // a new claim of the same name: the holder's is gone
+    if claim.metadata.uid.as_deref() != Some(holder.claim_uid.as_str())
+        || claim.metadata.deletion_timestamp.is_some()
+    {
+        return Ok(None); // a new claim of the same name, or being released
     }
-    let pod = pods::confirmed_presence(ctx, &claim).await?;
-    Ok(Some(claim_view(ctx, &claim, pod, now, duration)))
+    let pod = pods::confirmed_presence(ctx, &claim, holder.pod_uid.as_deref()).await?;
+    if pod == PodPresence::Missing && ended.reason == EndReason::PodDeleted {
+        return Ok(None); // really gone
+    }
+    Ok(Some((claim, pod)))
 }
 
 async fn report_transitions(
@@ -279,7 +407,9 @@ async fn report_transitions(
                 Transition::Expired,
                 format!(
                     "{who} expired with token {token}: no heartbeat for {}s",
-                    lease.spec.lease_duration_seconds
+                    before
+                        .lease_duration_seconds
+                        .unwrap_or(lease.spec.lease_duration_seconds)
                 ),
             ),
             EndReason::Released => (
@@ -296,6 +426,11 @@ async fn report_transitions(
                 "Revoked",
                 Transition::Revoked,
                 format!("{who} lost token {token}: the lease is being deleted"),
+            ),
+            EndReason::Revoked => (
+                "Revoked",
+                Transition::Revoked,
+                format!("{who} lost token {token}: its claim was revoked"),
             ),
         };
         info!(lease = %name, namespace = %ns, claim = %holder.claim, token, reason, "holder ended");
@@ -353,17 +488,22 @@ async fn repair_claims(
     ctx: &Context,
     status: &FencedLeaseStatus,
     plan: &Plan,
+    fresh: &Fresh,
     ns: &str,
     name: &str,
 ) -> Result<()> {
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
     let now = Timestamp::now();
+    let holder = status.holder.as_ref();
     let mut writes: Vec<(Arc<FencedLeaseClaim>, crate::api::FencedLeaseClaimStatus)> =
-        claims_of(ctx, ns, name)
+        current_claims(ctx, ns, name, fresh)
             .into_iter()
             .filter(|c| c.metadata.deletion_timestamp.is_none())
             .filter_map(|c| {
-                let presence = pods::presence(&c, &ctx.pods);
+                let granted_to = holder
+                    .filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()))
+                    .and_then(|h| h.pod_uid.as_deref());
+                let presence = pods::presence(&c, &ctx.pods, granted_to);
                 let desired = status::claim_status(&c, name, status, plan, presence, now);
                 (c.status.as_ref() != Some(&desired)).then_some((c, desired))
             })
@@ -397,6 +537,12 @@ async fn repair_claims(
         {
             Ok(_) => {}
             Err(e) if e.is_not_found() => continue,
+            // The claim reached a final phase the cache has not shown us yet (Expired and
+            // Revoked are final; the CRD refuses to leave them): nothing to repair.
+            Err(e) if e.is_invalid() => {
+                tracing::debug!(claim = %claim_name, error = %e, "claim status not repaired");
+                continue;
+            }
             Err(e) => return Err(e),
         }
         if was != became && became == Some(ClaimPhase::Granted) {

@@ -190,6 +190,7 @@ pub async fn run(
         api_timeout: settings.api_timeout,
         state_namespace: settings.state_namespace.clone(),
         synced: Default::default(),
+        failures: Default::default(),
     });
 
     let watches = [

@@ -10,12 +10,22 @@ use crate::api::{
 
 use super::decide::{EndReason, Plan, PodPresence};
 
+/// What a grant fixes for its whole term, besides the token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Term {
+    /// The term's duration: `spec.leaseDurationSeconds` at the grant (I10).
+    pub duration_seconds: i32,
+    /// UID of the new holder's pod, if it names one (I5).
+    pub pod_uid: Option<String>,
+}
+
 /// The lease status after `plan`, from the current one. `claims` supplies the new holder's
-/// identity and pod.
+/// identity and pod; `term` what the grant fixes.
 pub fn lease_status(
     current: &FencedLeaseStatus,
     plan: &Plan,
     claims: &[&FencedLeaseClaim],
+    term: &Term,
     generation: Option<i64>,
     now: Timestamp,
 ) -> FencedLeaseStatus {
@@ -23,6 +33,7 @@ pub fn lease_status(
     if plan.ended.is_some() {
         next.holder = None;
         next.acquire_time = None;
+        next.lease_duration_seconds = None;
     }
     if let Some(grant) = &plan.grant {
         let claim = claims
@@ -35,9 +46,10 @@ pub fn lease_status(
                 .map(|c| c.spec.holder_identity.clone())
                 .unwrap_or_default(),
             pod_name: claim.and_then(|c| c.spec.pod_name.clone()),
-            pod_uid: None,
+            pod_uid: term.pod_uid.clone(),
         });
         next.fencing_token = grant.token;
+        next.lease_duration_seconds = Some(term.duration_seconds);
         next.acquire_time = Some(MicroTime(now));
         next.lease_transitions += 1;
     }
@@ -99,6 +111,7 @@ pub fn claim_status(
             (Some(t), Some(time)) if t == lease.fencing_token => Some(time),
             _ => lease.acquire_time.clone(),
         };
+        next.lease_duration_seconds = lease.lease_duration_seconds;
         next.message = Some(format!(
             "holds lease {lease_name} with fencing token {}",
             lease.fencing_token
@@ -107,6 +120,7 @@ pub fn claim_status(
         next.phase = Some(reason.claim_phase());
         next.fencing_token = current.fencing_token;
         next.grant_time = current.grant_time;
+        next.lease_duration_seconds = current.lease_duration_seconds;
         next.message = Some(ended_message(reason, lease_name));
     } else if matches!(
         current.phase,
@@ -120,6 +134,7 @@ pub fn claim_status(
         next.phase = Some(ClaimPhase::Revoked);
         next.fencing_token = current.fencing_token;
         next.grant_time = current.grant_time;
+        next.lease_duration_seconds = current.lease_duration_seconds;
         next.message = Some(format!(
             "no longer holds lease {lease_name}: the lease status names another holder"
         ));
@@ -171,6 +186,30 @@ pub fn claim_status(
     next
 }
 
+/// The status of a claim whose heartbeat stopped, confirmed: `Expired`, for good. A holder
+/// keeps its token and grant time in the record; a waiter loses its place.
+pub fn expired_status(
+    claim: &FencedLeaseClaim,
+    lease_name: &str,
+    holder: bool,
+) -> FencedLeaseClaimStatus {
+    let current = claim.status.clone().unwrap_or_default();
+    let message = if holder {
+        ended_message(EndReason::Expired, lease_name)
+    } else {
+        format!(
+            "gave up waiting for lease {lease_name}: no heartbeat (spec.renewTime) seen for the lease duration; create a new claim to queue again"
+        )
+    };
+    FencedLeaseClaimStatus {
+        phase: Some(ClaimPhase::Expired),
+        message: Some(message),
+        queue_position: None,
+        observed_generation: claim.metadata.generation,
+        ..current
+    }
+}
+
 fn ended_message(reason: EndReason, lease: &str) -> String {
     match reason {
         EndReason::Expired => {
@@ -179,6 +218,7 @@ fn ended_message(reason: EndReason, lease: &str) -> String {
         EndReason::Released => format!("released lease {lease}"),
         EndReason::PodDeleted => format!("lost lease {lease}: its pod was deleted"),
         EndReason::LeaseDeleted => format!("lost lease {lease}: the lease was deleted"),
+        EndReason::Revoked => format!("lost lease {lease}: the claim was revoked"),
     }
 }
 
@@ -243,6 +283,7 @@ mod tests {
             grant: None,
             holder_uid: None,
             queue: vec![],
+            expire: vec![],
             tokens_exhausted: false,
             wake_at: None,
         }
@@ -267,8 +308,17 @@ mod tests {
             },
             &p,
             &[&a],
+            &Term {
+                duration_seconds: 30,
+                pod_uid: None,
+            },
             Some(1),
             Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(
+            s.lease_duration_seconds,
+            Some(30),
+            "the term is fixed at the grant"
         );
         let holder = s.holder.as_ref().unwrap();
         assert_eq!(
@@ -294,6 +344,7 @@ mod tests {
             (cs.phase, cs.fencing_token, cs.queue_position),
             (Some(ClaimPhase::Granted), Some(7), None)
         );
+        assert_eq!(cs.lease_duration_seconds, Some(30));
     }
 
     #[test]
@@ -313,6 +364,7 @@ mod tests {
             },
             &p,
             &[&a],
+            &Term::default(),
             None,
             Timestamp::UNIX_EPOCH,
         );

@@ -1,0 +1,75 @@
+//! Failed reconciles: retried with exponential backoff (not in a tight loop), and reported
+//! with one Warning Event per cause rather than one per retry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// First retry delay; doubles with each consecutive failure.
+const FIRST: Duration = Duration::from_millis(500);
+/// Longest retry delay.
+const MAX: Duration = Duration::from_secs(60);
+
+/// Consecutive failures per object (`namespace/name`), with the cause of the last one.
+#[derive(Debug, Default)]
+pub struct Failures {
+    by_object: Mutex<HashMap<String, (u32, &'static str)>>,
+}
+
+impl Failures {
+    /// Records a failure of `key` with `cause`; returns the number of consecutive failures
+    /// and whether the cause differs from the previous failure's (worth a new Event).
+    pub fn failed(&self, key: &str, cause: &'static str) -> (u32, bool) {
+        let mut map = self.lock();
+        let entry = map.entry(key.to_string()).or_insert((0, ""));
+        let new_cause = entry.1 != cause;
+        entry.0 = entry.0.saturating_add(1);
+        entry.1 = cause;
+        (entry.0, new_cause)
+    }
+
+    /// `key` reconciled successfully: the next failure starts the backoff afresh.
+    pub fn succeeded(&self, key: &str) {
+        let mut map = self.lock();
+        if !map.is_empty() {
+            map.remove(key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, &'static str)>> {
+        self.by_object
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Delay before retry number `attempt` (1-based): 0.5 s doubling up to 60 s, with jitter
+/// (`jitter` in 0..=1 takes off up to half) so that many failing objects spread out.
+pub fn retry_delay(attempt: u32, jitter: f64) -> Duration {
+    let exp = FIRST.saturating_mul(1 << attempt.clamp(1, 16).saturating_sub(1));
+    exp.min(MAX).mul_f64(1.0 - 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_double_up_to_a_minute() {
+        assert_eq!(retry_delay(1, 0.0), Duration::from_millis(500));
+        assert_eq!(retry_delay(2, 0.0), Duration::from_secs(1));
+        assert_eq!(retry_delay(5, 0.0), Duration::from_secs(8));
+        assert_eq!(retry_delay(30, 0.0), Duration::from_secs(60));
+        assert_eq!(retry_delay(30, 1.0), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn one_event_per_cause_and_success_resets() {
+        let f = Failures::default();
+        assert_eq!(f.failed("ns/l", "ApiError"), (1, true));
+        assert_eq!(f.failed("ns/l", "ApiError"), (2, false));
+        assert_eq!(f.failed("ns/l", "ApiTimeout"), (3, true));
+        f.succeeded("ns/l");
+        assert_eq!(f.failed("ns/l", "ApiTimeout"), (1, true));
+    }
+}

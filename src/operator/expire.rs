@@ -1,0 +1,130 @@
+//! Expiry made safe (I9): a claim whose heartbeat the operator has not seen change is expired
+//! only after a fresh read from the API shows the same heartbeat, and only by a status write
+//! preconditioned on that read's resourceVersion. A renew that lands in between makes the
+//! write fail with 409 (and the operator decides again); after the write, the CRD refuses any
+//! change of the claim's `spec.renewTime` (CEL), so no renew can succeed once the claim is
+//! `Expired`. Only then may the lease go to someone else.
+//!
+//! The cache never decides an expiry: not after a partition of the operator alone, nor after
+//! a pause, nor when a watch lags. Whatever the cache missed, the fresh read sees.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use kube::api::{Api, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tracing::info;
+
+use super::context::Context;
+use super::error::{Result, timed};
+use super::heartbeat::beat_of;
+use super::status;
+use crate::api::{ClaimPhase, FencedLeaseClaim};
+
+/// Claims read from the API during one reconcile, by UID: fresher than the cache. `None`
+/// marks a claim the API no longer has.
+pub type Fresh = HashMap<String, Option<FencedLeaseClaim>>;
+
+/// How a confirmation ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Confirmed {
+    /// The claim is `Expired` now (written here, or already).
+    Expired,
+    /// Its heartbeat moved since the operator last saw it: it lives on, with a fresh clock.
+    Alive,
+    /// The claim is gone (or replaced by another of the same name).
+    Gone,
+    /// It changed between our read and our write: decide again.
+    Changed,
+}
+
+/// Confirms that claim `name` (uid `uid`) of lease `lease` has stayed silent, and makes its
+/// expiry final. `holder` says whether it held the lease (for the message and Event).
+pub async fn confirm_and_expire(
+    ctx: &Context,
+    ns: &str,
+    lease: &str,
+    name: &str,
+    uid: &str,
+    holder: bool,
+    fresh: &mut Fresh,
+) -> Result<Confirmed> {
+    let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let read = timed(
+        "read claim before expiry",
+        ctx.api_timeout,
+        api.get_opt(name),
+    )
+    .await?;
+    let Some(claim) = read.filter(|c| c.metadata.uid.as_deref() == Some(uid)) else {
+        fresh.insert(uid.to_string(), None);
+        return Ok(Confirmed::Gone);
+    };
+    let now = Instant::now();
+    let phase = claim.status.as_ref().and_then(|s| s.phase);
+    if matches!(phase, Some(ClaimPhase::Expired | ClaimPhase::Revoked)) {
+        fresh.insert(uid.to_string(), Some(claim));
+        return Ok(Confirmed::Expired);
+    }
+    let beat = beat_of(&claim);
+    if beat != ctx.heartbeats.last_value(uid) {
+        // The cache missed a heartbeat (a partition, a pause, a lagging watch): the claim
+        // renewed after the operator last looked. It gets a full term from now.
+        ctx.heartbeats.observe(uid, beat.as_deref(), now);
+        info!(
+            lease,
+            namespace = ns,
+            claim = name,
+            "heartbeat moved while the cache was behind; not expiring"
+        );
+        fresh.insert(uid.to_string(), Some(claim));
+        return Ok(Confirmed::Alive);
+    }
+
+    let mut update = claim.clone();
+    update.metadata.managed_fields = None;
+    update.status = Some(status::expired_status(&claim, lease, holder));
+    match timed(
+        "expire claim",
+        ctx.api_timeout,
+        api.replace_status(name, &PostParams::default(), &update),
+    )
+    .await
+    {
+        Ok(written) => {
+            info!(
+                lease,
+                namespace = ns,
+                claim = name,
+                holder,
+                "claim expired: no heartbeat for the lease duration (confirmed on a fresh read)"
+            );
+            let note = written
+                .status
+                .as_ref()
+                .and_then(|s| s.message.clone())
+                .unwrap_or_default();
+            ctx.event(
+                &written.object_ref(&()),
+                EventType::Warning,
+                "Expired",
+                "Hand-over",
+                note,
+            )
+            .await;
+            fresh.insert(uid.to_string(), Some(written));
+            Ok(Confirmed::Expired)
+        }
+        Err(e) if e.is_conflict() => {
+            tracing::debug!(lease, claim = %claim.name_any(), "claim changed before its expiry was written; deciding again");
+            fresh.remove(uid);
+            Ok(Confirmed::Changed)
+        }
+        Err(e) if e.is_not_found() => {
+            fresh.insert(uid.to_string(), None);
+            Ok(Confirmed::Gone)
+        }
+        Err(e) => Err(e),
+    }
+}
