@@ -33,9 +33,17 @@ async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
     let ns = TestNamespace::new("crd-reinstall").await;
     // Cluster-wide, so it also finalizes leases other tests left behind and the CRD can go.
     let op = OperatorProcess::start(&ns.name, &["--all-namespaces"]);
-    ns.create_lease("l", 15);
-    for (i, claim) in ["a", "b", "c"].into_iter().enumerate() {
-        assert_eq!(grant_one(&ns, claim).await, i64::try_from(i).unwrap() + 1);
+    // Tokens far above the wall clock in ms (the other floor of a token): only the record
+    // the finalizer keeps can carry them across the reinstall.
+    const MIN_TOKEN: i64 = 1 << 60;
+    ns.kubectl_apply(&format!(
+        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {{name: l}}\nspec: {{leaseDurationSeconds: 15, minToken: {MIN_TOKEN}}}\n"
+    ));
+    let mut last = MIN_TOKEN;
+    for claim in ["a", "b", "c"] {
+        let token = grant_one(&ns, claim).await;
+        assert!(token > last, "{token} after {last}");
+        last = token;
     }
 
     let cp = control_plane();
@@ -69,7 +77,7 @@ async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
     .await;
     assert_eq!(
         grant_one(&ns, "d").await,
-        4,
+        last + 1,
         "the token continues above the last one issued before the reinstall"
     );
 }

@@ -59,7 +59,7 @@ async fn readme_rust_example_runs() -> Result<(), fenced_lease::holder::Error> {
     guard.release().await?; // the next waiter is granted at once
     // README: end
 
-    assert_eq!(token, 1);
+    assert!(token > 0);
     Ok(())
 }
 
@@ -106,8 +106,12 @@ async fn readme_kubectl_fence_run_example_runs() {
     )
     .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
+    let token = stdout
+        .trim()
+        .strip_prefix("holding db-migrate with token ")
+        .and_then(|t| t.parse::<i64>().ok());
     assert!(
-        stdout.contains("token 1"),
+        token.is_some_and(|t| t > 0),
         "output of `{command}`:\n{stdout}"
     );
 }

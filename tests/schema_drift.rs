@@ -49,10 +49,7 @@ async fn i8_an_unreadable_lease_is_reported_and_the_others_keep_working() {
     let op = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("fine", 15);
     ns.create_claim("c", "fine", None).await;
-    assert_eq!(
-        wait_for("the readable lease granted", WAIT, || ns.granted_token("c")).await,
-        1
-    );
+    assert!(wait_for("the readable lease granted", WAIT, || ns.granted_token("c")).await > 0);
 
     let warning = wait_for("a Warning Event on the unreadable lease", WAIT, || async {
         let events = ns

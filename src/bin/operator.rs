@@ -54,8 +54,8 @@ struct Args {
     #[arg(long, env = "FENCED_LEASE_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     leader_election: bool,
 
-    /// The operator's own namespace: its leader-election Lease and the ConfigMap
-    /// `fenced-lease-tokens` that keeps tokens growing across deletion of a lease.
+    /// The operator's own namespace: its leader-election Lease and the ConfigMaps
+    /// `fenced-lease-tokens.<namespace>` that keep tokens growing across deletion of a lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     operator_namespace: String,
 
@@ -188,17 +188,17 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             }
         };
         ready.store(false, Ordering::Release);
-        let on_lost = controllers_stop.clone();
         let lost = leadership.lost.clone();
-        let watch_lost = lost.clone();
-        tokio::spawn(async move {
-            watch_lost.cancelled().await;
-            on_lost.cancel();
-        });
-        run::run(client, settings, metrics, ready, controllers_stop).await;
-        lost_leadership = lost.is_cancelled() && !stop.is_cancelled();
+        tokio::select! {
+            () = run::run(client, settings, metrics, ready, controllers_stop.clone()) => {}
+            // Deposed: the controllers and their in-flight reconciles are dropped at once,
+            // not drained, so nothing more is written once another replica may lead.
+            () = lost.cancelled() => lost_leadership = true,
+        }
+        controllers_stop.cancel();
         stop.cancel();
-        // Let the renewal task hand the Lease back before the process goes.
+        // The controllers have stopped: hand the Lease back so a standby takes over at once.
+        leadership.release.cancel();
         let _ = tokio::time::timeout(args.api_timeout, leadership.renewal).await;
     } else {
         run::run(client, settings, metrics, ready, controllers_stop).await;

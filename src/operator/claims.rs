@@ -1,6 +1,8 @@
 //! The FencedLeaseClaim reconciler: only for what the lease reconciler cannot see, a claim
-//! whose lease does not exist. Such a claim is told so (condition `LeaseFound=False`, an
-//! Event) and waits; everything else about claims follows from their lease's status.
+//! whose lease does not exist. A waiting claim is told so (condition `LeaseFound=False`, an
+//! Event) and waits; a claim that held the lease is `Revoked` (its lease went without the
+//! finalizer running, say), never `Pending` again. Everything else about claims follows from
+//! their lease's status.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +22,22 @@ use super::status::set_condition;
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
 
 pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Result<Action> {
+    let result = reconcile_claim(&claim, &ctx).await;
+    if result.is_ok() {
+        ctx.failures.succeeded(&failure_key(&claim));
+    }
+    result
+}
+
+fn failure_key(claim: &FencedLeaseClaim) -> String {
+    format!(
+        "claim:{}/{}",
+        claim.namespace().unwrap_or_default(),
+        claim.name_any()
+    )
+}
+
+async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Action> {
     if !ctx.is_synced() {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
@@ -52,11 +70,20 @@ pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Resul
         .any(|c| c.type_ == "LeaseFound" && c.status == "False");
     let message =
         format!("FencedLease {lease} does not exist in namespace {ns}; the claim waits for it");
+    let phase = match current.phase {
+        Some(p @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => p,
+        Some(ClaimPhase::Granted) => ClaimPhase::Revoked,
+        _ => ClaimPhase::Pending,
+    };
+    let message = match phase {
+        ClaimPhase::Pending => message,
+        _ if current.phase == Some(ClaimPhase::Granted) => {
+            format!("lost lease {lease}: FencedLease {lease} no longer exists in namespace {ns}")
+        }
+        _ => current.message.clone().unwrap_or(message),
+    };
     let mut desired = FencedLeaseClaimStatus {
-        phase: match current.phase {
-            Some(p @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => Some(p),
-            _ => Some(ClaimPhase::Pending),
-        },
+        phase: Some(phase),
         message: Some(message.clone()),
         conditions: current.conditions.clone(),
         observed_generation: claim.metadata.generation,
@@ -89,7 +116,16 @@ pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Resul
         )
         .await?;
     }
-    if !already_told {
+    if current.phase == Some(ClaimPhase::Granted) {
+        ctx.event(
+            &claim.object_ref(&()),
+            EventType::Warning,
+            "Revoked",
+            "Hand-over",
+            message,
+        )
+        .await;
+    } else if !already_told {
         ctx.event(
             &claim.object_ref(&()),
             EventType::Warning,
@@ -104,6 +140,9 @@ pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Resul
 
 pub fn error_policy(claim: Arc<FencedLeaseClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(error.metric_label());
-    tracing::warn!(claim = %claim.name_any(), namespace = ?claim.namespace(), error = %error, "claim reconcile failed");
-    Action::requeue(Duration::from_secs(1))
+    let (attempt, _) = ctx
+        .failures
+        .failed(&failure_key(&claim), error.event_reason());
+    tracing::warn!(claim = %claim.name_any(), namespace = ?claim.namespace(), error = %error, attempt, "claim reconcile failed");
+    Action::requeue(super::backoff::retry_delay(attempt, rand::random::<f64>()))
 }

@@ -1,8 +1,10 @@
 //! Leader election among operator replicas on a `coordination.k8s.io/v1` Lease: only the
 //! leader reconciles. Every write carries the Lease's resourceVersion, and a leader that
 //! cannot renew within `renew_deadline` (shorter than the lease) steps down before another
-//! replica may take over; a deposed leader's in-flight lease-status writes fail on their own
-//! resourceVersion anyway, so two replicas never both issue a token.
+//! replica may take over: a timer enforces the deadline, whatever a slow API call is doing,
+//! and the caller aborts its reconciles on [`Leadership::lost`]. A deposed leader's in-flight
+//! lease-status writes fail on their own resourceVersion anyway, so two replicas never both
+//! issue a token.
 
 use std::time::{Duration, Instant};
 
@@ -18,10 +20,13 @@ use super::error::{Error, Result, timed};
 
 /// Held leadership.
 pub struct Leadership {
-    /// Cancelled when leadership is lost.
+    /// Cancelled when leadership is lost (the renew deadline passed, or another replica
+    /// holds the Lease): stop writing at once.
     pub lost: CancellationToken,
-    /// The renewal task; it releases the Lease once `stop` is cancelled. Await it before
-    /// exiting, or a standby waits out the whole lease duration.
+    /// Cancel once the controllers have stopped: the renewal task then hands the Lease back.
+    pub release: CancellationToken,
+    /// The renewal task. Await it after cancelling `release` before exiting, or a standby
+    /// waits out the whole lease duration.
     pub renewal: tokio::task::JoinHandle<()>,
 }
 
@@ -45,9 +50,9 @@ impl Election {
         Api::namespaced(client.clone(), &self.namespace)
     }
 
-    /// Waits until this replica leads (or `stop` is cancelled: `Ok(None)`). The returned
-    /// token is cancelled when leadership is lost; renewal runs until then or until `stop`,
-    /// after which the Lease is released so a standby takes over at once.
+    /// Waits until this replica leads (or `stop` is cancelled: `Ok(None)`). Renewal runs until
+    /// leadership is lost or [`Leadership::release`] is cancelled, after which the Lease is
+    /// released so a standby takes over at once.
     pub async fn lead(
         &self,
         client: &Client,
@@ -71,8 +76,13 @@ impl Election {
         }
         info!(identity = %self.identity, lease = %self.name, namespace = %self.namespace, "became leader");
         let lost = CancellationToken::new();
-        let renewal = tokio::spawn(self.clone().renew(api, lost.clone(), stop.clone()));
-        Ok(Some(Leadership { lost, renewal }))
+        let release = CancellationToken::new();
+        let renewal = tokio::spawn(self.clone().renew(api, lost.clone(), release.clone()));
+        Ok(Some(Leadership {
+            lost,
+            release,
+            renewal,
+        }))
     }
 
     /// One attempt: create the Lease, or take it when free, ours, or not renewed for a full
@@ -161,15 +171,24 @@ impl Election {
         }
     }
 
-    async fn renew(self, api: Api<Lease>, lost: CancellationToken, stop: CancellationToken) {
+    async fn renew(self, api: Api<Lease>, lost: CancellationToken, release: CancellationToken) {
         let mut last_renew_sent = Instant::now();
         loop {
+            // The deadline is a timer of its own: a renewal stuck in a slow call cannot keep
+            // this replica leading past it.
+            let deadline = tokio::time::Instant::from_std(last_renew_sent + self.renew_deadline);
             tokio::select! {
-                () = stop.cancelled() => break,
+                () = release.cancelled() => break,
+                () = tokio::time::sleep_until(deadline) => return self.step_down(&lost),
                 () = tokio::time::sleep(self.retry_period) => {}
             }
             let sent = Instant::now();
-            match self.renew_once(&api).await {
+            let renewed = tokio::select! {
+                () = release.cancelled() => break,
+                () = tokio::time::sleep_until(deadline) => return self.step_down(&lost),
+                r = self.renew_once(&api) => r,
+            };
+            match renewed {
                 Ok(true) => last_renew_sent = sent,
                 Ok(false) => {
                     warn!(identity = %self.identity, "another replica holds the leader lease; stepping down");
@@ -178,13 +197,13 @@ impl Election {
                 }
                 Err(e) => warn!(error = %e, "leader lease renewal failed"),
             }
-            if last_renew_sent.elapsed() >= self.renew_deadline {
-                warn!(identity = %self.identity, deadline = ?self.renew_deadline, "could not renew the leader lease in time; stepping down");
-                lost.cancel();
-                return;
-            }
         }
         self.release(&api).await;
+    }
+
+    fn step_down(&self, lost: &CancellationToken) {
+        warn!(identity = %self.identity, deadline = ?self.renew_deadline, "could not renew the leader lease in time; stepping down");
+        lost.cancel();
     }
 
     async fn renew_once(&self, api: &Api<Lease>) -> Result<bool> {

@@ -7,7 +7,8 @@
 //! - [`status`]: the lease and claim statuses a decision implies (pure).
 //! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
 //!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
-//!   finalizer that keeps tokens growing across deletion of a lease.
+//!   finalizer that keeps tokens growing across deletion of a lease; [`orphans`]: token
+//!   annotations of leases that are gone.
 //! - [`run`]: watches and controllers ([`decode`]: watches one unreadable object cannot stop); [`leader`]: leader election; [`http`]: health and
 //!   metrics endpoints; [`metrics`], [`error`], [`context`].
 
@@ -23,6 +24,7 @@ pub mod high_water;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod orphans;
 pub mod pods;
 pub mod reconcile;
 pub mod run;

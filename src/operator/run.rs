@@ -21,8 +21,9 @@ use tracing::{info, warn};
 use super::context::Context;
 use super::decode;
 use super::error::truncate;
-use super::heartbeat::Heartbeats;
+use super::heartbeat::{Heartbeats, beat_of};
 use super::metrics::Metrics;
+use super::orphans::{self, Orphan};
 use super::{claims, reconcile};
 use crate::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION_PREFIX};
 
@@ -133,10 +134,29 @@ pub async fn run(
     let lease_events = lease_writer
         .subscribe()
         .expect("a shared store hands out subscriptions");
+    let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
+    let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
+    let gone_leases = {
+        let (pods, orphan_tx, metrics) = (pod_store.clone(), orphan_tx.clone(), metrics.clone());
+        move |event: &watcher::Event<FencedLease>| {
+            if let watcher::Event::Delete(lease) = event {
+                let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+                metrics.forget_lease(&ns, &name);
+                for pod in annotated_pods(&pods, &ns, &name) {
+                    let _ = orphan_tx.send(Orphan {
+                        namespace: ns.clone(),
+                        pod,
+                        lease: name.clone(),
+                    });
+                }
+            }
+        }
+    };
     let leases =
         decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
             .modify(prune)
-            .reflect_shared(lease_writer);
+            .reflect_shared(lease_writer)
+            .inspect_ok(gone_leases);
 
     // Claim and pod events, deletions included (a shared store's subscribers only see
     // changes, and a deleted claim or pod is exactly what must hand a lease over at once).
@@ -148,6 +168,7 @@ pub async fn run(
         .subscribe()
         .expect("a shared store hands out subscriptions");
     let observer = heartbeats.clone();
+    let on_error = heartbeats.clone();
     let claims_stream =
         decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
             .modify(prune)
@@ -163,10 +184,12 @@ pub async fn run(
                         }
                     }
                 }
-            });
+            })
+            // Heartbeats may have been missed: every claim gets a full term, as after a restart.
+            .inspect_err(move |_| on_error.restart_all(Instant::now()));
 
-    let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
     let claims_for_pods = claim_store.clone();
+    let leases_for_pods = lease_store.clone();
     let pods = watcher(api::<PartialObjectMeta<Pod>>(&client, ns), wc)
         .default_backoff()
         .modify(prune)
@@ -174,6 +197,13 @@ pub async fn run(
         .inspect_ok(move |event| {
             for pod in touched(event) {
                 for lease in leases_of_pod(pod, &claims_for_pods) {
+                    if leases_for_pods.get(&lease).is_none() && is_annotated(pod, &lease.name) {
+                        let _ = orphan_tx.send(Orphan {
+                            namespace: lease.namespace.clone().unwrap_or_default(),
+                            pod: pod.name_any(),
+                            lease: lease.name.clone(),
+                        });
+                    }
                     let _ = lease_triggers.send(lease);
                 }
             }
@@ -197,6 +227,7 @@ pub async fn run(
         drive("fencedleases", leases, stop.clone()),
         drive("fencedleaseclaims", claims_stream, stop.clone()),
         drive("pods", pods, stop.clone()),
+        tokio::spawn(orphans::sweep(ctx.clone(), orphan_rx, stop.clone())),
     ];
 
     let sync_ctx = ctx.clone();
@@ -349,17 +380,34 @@ fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeas
     match event {
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
             if let Some(uid) = &claim.metadata.uid {
-                let beat = claim.spec.renew_time.as_ref().map(|t| t.0.to_string());
-                heartbeats.observe(uid, beat.as_deref(), now);
+                heartbeats.observe(uid, beat_of(claim).as_deref(), now);
             }
         }
+        // A relist: heartbeats may have been missed while the watch was down.
+        watcher::Event::Init => heartbeats.restart_all(now),
         watcher::Event::Delete(claim) => {
             if let Some(uid) = &claim.metadata.uid {
                 heartbeats.forget(uid);
             }
         }
-        watcher::Event::Init | watcher::Event::InitDone => {}
+        watcher::Event::InitDone => {}
     }
+}
+
+/// Does `pod` carry the token annotation of lease `lease`?
+fn is_annotated(pod: &PartialObjectMeta<Pod>, lease: &str) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&crate::api::token_annotation_key(lease)))
+}
+
+/// Pods of namespace `ns` carrying the token annotation of lease `lease`.
+fn annotated_pods(pods: &Store<PartialObjectMeta<Pod>>, ns: &str, lease: &str) -> Vec<String> {
+    pods.state_filter(|p| p.metadata.namespace.as_deref() == Some(ns) && is_annotated(p, lease))
+        .iter()
+        .map(|p| p.name_any())
+        .collect()
 }
 
 fn tokio_stream_interval(every: Duration) -> impl Stream<Item = ()> + Send {

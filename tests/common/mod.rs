@@ -109,12 +109,17 @@ pub fn control_plane() -> &'static ControlPlane {
 }
 
 impl ControlPlane {
-    /// `kubectl apply -f crds/`, exactly as a user installs them, and waits until they serve.
+    /// `kubectl apply -f crds/` and the admission policies of `deploy/admission/`, exactly as
+    /// a user installs them, and waits until the CRDs serve.
     pub fn install_crds(&self) {
         run(self
             .kubectl_cmd()
             .args(["apply", "-f"])
             .arg(repo_root().join("crds")));
+        run(self
+            .kubectl_cmd()
+            .args(["apply", "-f"])
+            .arg(repo_root().join("deploy/admission")));
         run(self.kubectl_cmd().args([
             "wait",
             "--for=condition=Established",
@@ -467,5 +472,37 @@ impl TestNamespace {
             },
         )
         .await;
+    }
+}
+
+/// A background heartbeat of one claim, as a live candidate sends it; stops when dropped.
+pub struct Beating(tokio::task::JoinHandle<()>);
+
+impl Drop for Beating {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl TestNamespace {
+    /// Heartbeats claim `name` every `every` until the returned handle is dropped (a waiter
+    /// that stops beating for a lease duration is skipped and expired by the operator).
+    pub fn keep_beating(&self, name: &str, every: Duration) -> Beating {
+        let api: Api<fenced_lease::api::FencedLeaseClaim> = self.api();
+        let name = name.to_string();
+        Beating(tokio::spawn(async move {
+            loop {
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                let patch = serde_json::json!({"spec": {"renewTime": now}});
+                let _ = api
+                    .patch(
+                        &name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await;
+                tokio::time::sleep(every).await;
+            }
+        }))
     }
 }

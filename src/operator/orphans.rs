@@ -1,0 +1,89 @@
+//! Token annotations of leases that are gone. A lease deleted while its finalizer could not
+//! run (stripped by hand, the operator down) leaves its token on the holder's pod; so does a
+//! pod the operator meets for the first time carrying the token of a lease that no longer
+//! exists. Such an annotation is removed once the API confirms the lease is gone (I5: only a
+//! pod that holds the lease carries its token).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::context::Context;
+use super::error::timed;
+use super::pods::set_annotation;
+use crate::api::{FencedLease, token_annotation_key};
+
+/// A pod that carries the token annotation of a lease the cache does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Orphan {
+    pub namespace: String,
+    pub pod: String,
+    pub lease: String,
+}
+
+/// Removes orphaned annotations until `stop`.
+pub async fn sweep(
+    ctx: Arc<Context>,
+    mut orphans: UnboundedReceiver<Orphan>,
+    stop: CancellationToken,
+) {
+    loop {
+        let orphan = tokio::select! {
+            () = stop.cancelled() => return,
+            o = orphans.recv() => match o { Some(o) => o, None => return },
+        };
+        while !ctx.is_synced() {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        if let Err(error) = remove_if_gone(&ctx, &orphan).await {
+            warn!(pod = %orphan.pod, namespace = %orphan.namespace, lease = %orphan.lease, %error, "cannot remove the token annotation of a deleted lease");
+        }
+    }
+}
+
+async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> super::error::Result<()> {
+    let Orphan {
+        namespace: ns,
+        pod,
+        lease,
+    } = orphan;
+    if ctx.leases.get(&ObjectRef::new(lease).within(ns)).is_some() {
+        return Ok(()); // the lease reconciler owns this annotation
+    }
+    let leases: Api<FencedLease> = Api::namespaced(ctx.client.clone(), ns);
+    if timed(
+        "read lease",
+        ctx.api_timeout,
+        leases.get_metadata_opt(lease),
+    )
+    .await?
+    .is_some()
+    {
+        return Ok(());
+    }
+    let key = token_annotation_key(lease);
+    let Some(cached) = ctx.pods.get(&ObjectRef::new(pod).within(ns)) else {
+        return Ok(());
+    };
+    if !cached
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&key))
+    {
+        return Ok(());
+    }
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    set_annotation(ctx, &api, &cached, &key, None).await?;
+    info!(pod = %pod, namespace = %ns, lease = %lease, "removed the token annotation of a lease that no longer exists");
+    Ok(())
+}
