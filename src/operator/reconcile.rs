@@ -216,9 +216,22 @@ async fn write_lease_status(
     let mut fresh = Fresh::new();
     // Pod presence the API confirmed for a claim (by UID), over the cache's.
     let mut confirmed_pods: HashMap<String, PodPresence> = HashMap::new();
+    let mut lease_read = false;
     for _ in 0..MAX_ROUNDS {
         let claims = current_claims(ctx, ns, name, &fresh);
         let current = lease.status.clone().unwrap_or_default();
+        if !lease_read && newest_grant(&claims) > current.fencing_token {
+            // A claim shows a grant this copy of the lease does not: the lease cache lags
+            // the claim cache (its watch is reconnecting, say). Deciding on it would revoke
+            // the holder the lease really has; read the lease instead.
+            lease_read = true;
+            match timed("read lease", ctx.api_timeout, api.get_opt(name)).await? {
+                Some(read) if read.metadata.uid == lease.metadata.uid => lease = read,
+                Some(_) => return Ok(Outcome::Requeue),
+                None => return Ok(Outcome::Gone),
+            }
+            continue;
+        }
         let holder_pod_uid = current.holder.as_ref().and_then(|h| h.pod_uid.clone());
         let holder_uid = current.holder.as_ref().map(|h| h.claim_uid.clone());
         let now = Instant::now();
@@ -327,6 +340,17 @@ async fn write_lease_status(
         }
     }
     Err(Error::Contended(format!("{ns}/{name}")))
+}
+
+/// The highest token any `Granted` claim shows.
+fn newest_grant(claims: &[Arc<FencedLeaseClaim>]) -> i64 {
+    claims
+        .iter()
+        .filter_map(|c| c.status.as_ref())
+        .filter(|s| s.phase == Some(ClaimPhase::Granted))
+        .filter_map(|s| s.fencing_token)
+        .max()
+        .unwrap_or(0)
 }
 
 fn claim_view(

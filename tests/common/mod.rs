@@ -6,6 +6,7 @@
 //! `hack/control-plane up` (idempotent, so every test binary shares it).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod faults;
 pub mod operator;
 
 use std::path::{Path, PathBuf};

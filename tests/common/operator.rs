@@ -103,6 +103,21 @@ impl OperatorProcess {
         }
     }
 
+    /// SIGSTOP: the process is frozen (a GC pause, a throttled container, a frozen VM).
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the operator");
+    }
+
     /// Starts the same operator again (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
         self.kill();
