@@ -25,7 +25,9 @@ const WAIT: Duration = Duration::from_secs(60);
 enum Fault {
     /// The operator's connections are dropped and refused, then let through again.
     Partition(Duration),
-    /// The operator is SIGSTOPped, then SIGCONTed.
+    /// The operator is SIGSTOPped, then SIGCONTed; while it is frozen its connections are
+    /// dropped, as a peer's keepalive does to a frozen VM, so what it missed is not waiting in
+    /// a socket buffer when it wakes.
     Pause(Duration),
 }
 
@@ -105,11 +107,16 @@ async fn run(fault: Fault, attempt: usize) -> Duration {
             op_proxy.cut();
             tokio::time::sleep(outage).await;
             op_proxy.heal();
-            assert!(op_proxy.refused() > 0, "the operator never tried to reach the apiserver while cut");
+            assert!(
+                op_proxy.refused() > 0,
+                "the operator never tried to reach the apiserver while cut"
+            );
         }
         Fault::Pause(outage) => {
             op.pause();
+            op_proxy.cut();
             tokio::time::sleep(outage).await;
+            op_proxy.heal();
             op.resume();
         }
     }
@@ -118,7 +125,10 @@ async fn run(fault: Fault, attempt: usize) -> Duration {
     // after that, A still holds: nothing the operator missed counts against it.
     let probe = format!("probe-{attempt}");
     ns.create_claim(&probe, "probe", None).await;
-    wait_for("the operator to grant again", WAIT, || ns.granted_token(&probe)).await;
+    wait_for("the operator to grant again", WAIT, || {
+        ns.granted_token(&probe)
+    })
+    .await;
     let until = Instant::now() + Duration::from_secs(D) + Duration::from_secs(1);
     while Instant::now() < until {
         assert!(
@@ -138,7 +148,10 @@ async fn run(fault: Fault, attempt: usize) -> Duration {
     // Now A alone is cut off: it cannot renew, loses the lease at its safe deadline, and B
     // is granted — after that deadline, never before.
     a_proxy.cut();
-    let b = b.await.expect("B's task").expect("B acquires after A stops renewing");
+    let b = b
+        .await
+        .expect("B's task")
+        .expect("B acquires after A stops renewing");
     let b_token = b.token().expect("B holds");
     assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
     assert!(a.token().is_err(), "A still answers Ok after B's grant");
@@ -148,9 +161,12 @@ async fn run(fault: Fault, attempt: usize) -> Duration {
         SystemTime::UNIX_EPOCH + Duration::from_micros(u64::try_from(at.as_microsecond()).unwrap())
     };
     let last_ok = *a_last_ok.lock().unwrap();
-    let gap = granted_at
-        .duration_since(last_ok)
-        .unwrap_or_else(|e| panic!("{fault:?}: B was granted {:?} before A's last token() = Ok", e.duration()));
+    let gap = granted_at.duration_since(last_ok).unwrap_or_else(|e| {
+        panic!(
+            "{fault:?}: B was granted {:?} before A's last token() = Ok",
+            e.duration()
+        )
+    });
     let margin = Timing::default_margin(Duration::from_secs(D));
     assert!(
         gap >= margin,

@@ -99,12 +99,18 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         return Ok(Action::await_change());
     }
 
-    let (before, lease, plan, fresh) =
-        match write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await? {
-            Outcome::Written(outcome) => *outcome,
-            Outcome::Gone => return Ok(Action::await_change()),
-            Outcome::Requeue => return Ok(Action::requeue(Duration::from_millis(100))),
-        };
+    let written = match write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await {
+        Err(error @ Error::TokenRecord { .. }) => {
+            degrade(ctx, &api, &lease, &error).await;
+            return Err(error);
+        }
+        written => written?,
+    };
+    let (before, lease, plan, fresh) = match written {
+        Outcome::Written(outcome) => *outcome,
+        Outcome::Gone => return Ok(Action::await_change()),
+        Outcome::Requeue => return Ok(Action::requeue(Duration::from_millis(100))),
+    };
     report_transitions(ctx, &lease, &before, &plan, &ns, &name).await;
 
     let status = lease.status.clone().unwrap_or_default();
@@ -159,6 +165,37 @@ async fn finalize(
     ctx.metrics.forget_lease(ns, name);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
+}
+
+/// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the
+/// error is also logged and reported as an Event by the error policy).
+async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, error: &Error) {
+    let mut update = lease.clone();
+    update.metadata.managed_fields = None;
+    let status = update.status.get_or_insert_with(Default::default);
+    let message = error.to_string();
+    status::set_condition(
+        &mut status.conditions,
+        "Degraded",
+        "True",
+        error.event_reason(),
+        crate::operator::error::truncate(&message, 1024),
+        lease.metadata.generation,
+        Timestamp::now(),
+    );
+    if update.status == lease.status {
+        return;
+    }
+    let name = lease.name_any();
+    if let Err(e) = timed(
+        "write lease condition",
+        ctx.api_timeout,
+        api.replace_status(&name, &PostParams::default(), &update),
+    )
+    .await
+    {
+        tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");
+    }
 }
 
 fn seconds(s: i32) -> Duration {

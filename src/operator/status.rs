@@ -78,6 +78,21 @@ pub fn lease_status(
         generation,
         now,
     );
+    if next
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "True")
+    {
+        set_condition(
+            &mut next.conditions,
+            "Degraded",
+            "False",
+            "Recovered",
+            "",
+            generation,
+            now,
+        );
+    }
     next
 }
 

@@ -110,7 +110,10 @@ pub fn kubeconfig_through(kubeconfig: &Path, proxy: &Proxy) -> PathBuf {
         &format!("https://{upstream}"),
         &format!("https://{}", proxy.addr),
     );
-    assert_ne!(rewritten, text, "the kubeconfig names its server as https://ip:port");
+    assert_ne!(
+        rewritten, text,
+        "the kubeconfig names its server as https://ip:port"
+    );
     let path = std::env::temp_dir().join(format!(
         "kubeconfig-proxy-{}-{:08x}",
         proxy.addr.port(),

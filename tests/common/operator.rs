@@ -16,9 +16,9 @@ pub struct OperatorProcess {
 }
 
 impl OperatorProcess {
-    /// Starts an operator that watches `namespace` (and keeps its state there), leader
-    /// election off, metrics on a free port. `extra` adds flags; the pseudo-flag
-    /// `--all-namespaces` makes it watch every namespace.
+    /// Starts an operator that watches `namespace` (and keeps its state there, unless `extra`
+    /// names another `--operator-namespace`), leader election off, metrics on a free port.
+    /// `extra` adds flags; the pseudo-flag `--all-namespaces` makes it watch every namespace.
     pub fn start(namespace: &str, extra: &[&str]) -> Self {
         Self::start_as(namespace, extra, &control_plane().kubeconfig)
     }
@@ -47,7 +47,11 @@ impl OperatorProcess {
             .open(&self.log)
             .expect("operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_fenced-lease-operator"))
-            .args(["--operator-namespace", &self.namespace])
+            .args(
+                ["--operator-namespace", &self.namespace]
+                    .into_iter()
+                    .filter(|_| !self.extra.iter().any(|a| a == "--operator-namespace")),
+            )
             .args(
                 ["--namespace", &self.namespace]
                     .into_iter()
