@@ -132,7 +132,8 @@ pub struct FencedLeaseClaimStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 
-    /// The spec generation this status reflects.
+    /// Not set by the operator: every heartbeat changes the spec (`renewTime`), so the
+    /// generation moves with each one. Kept for clients that wrote it before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

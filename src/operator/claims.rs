@@ -18,7 +18,7 @@ use serde_json::json;
 use super::context::Context;
 use super::error::{Error, Result, timed};
 use super::reconcile::MANAGER;
-use super::status::set_condition;
+use super::status::{CLAIM_GENERATION, set_condition};
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
 
 pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Result<Action> {
@@ -86,7 +86,7 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
         phase: Some(phase),
         message: Some(message.clone()),
         conditions: current.conditions.clone(),
-        observed_generation: claim.metadata.generation,
+        observed_generation: CLAIM_GENERATION,
         fencing_token: current.fencing_token,
         grant_time: current.grant_time.clone(),
         lease_duration_seconds: current.lease_duration_seconds,
@@ -102,7 +102,7 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
         "False",
         "LeaseNotFound",
         &message,
-        claim.metadata.generation,
+        CLAIM_GENERATION,
         Timestamp::now(),
     );
     if desired != current {

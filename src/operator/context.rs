@@ -13,6 +13,7 @@ use kube::runtime::reflector::Store;
 use super::backoff::Failures;
 use super::error::truncate;
 use super::heartbeat::Heartbeats;
+use super::index::Index;
 use super::metrics::Metrics;
 use crate::api::{FencedLease, FencedLeaseClaim};
 
@@ -35,6 +36,13 @@ pub struct Context {
     pub synced: AtomicBool,
     /// Consecutive failed reconciles per lease, for backoff and one Event per cause.
     pub failures: Failures,
+    /// Every lease is reconciled at least this often (± a quarter, so that thousands of
+    /// leases do not all come due at once), as a safety net.
+    pub resync: Duration,
+    /// Claims by the lease they ask for.
+    pub claims_by_lease: Arc<Index>,
+    /// Pods by the leases whose token annotation they carry.
+    pub pods_by_lease: Arc<Index>,
 }
 
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.
@@ -50,6 +58,11 @@ pub fn claim_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
 }
 
 impl Context {
+    /// When to look at a lease again when nothing is due: the resync period, jittered.
+    pub fn resync_after(&self) -> Duration {
+        self.resync.mul_f64(0.75 + 0.5 * rand::random::<f64>())
+    }
+
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }

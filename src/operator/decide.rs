@@ -6,6 +6,7 @@
 //! [`expire`](Plan::expire), the reconciler confirms each on a fresh read and makes it final
 //! on the claim (I9), then decides again. Only a plan with nothing left to expire is written.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::api::ClaimPhase;
@@ -118,6 +119,15 @@ pub struct Plan {
     pub tokens_exhausted: bool,
     /// Decide again at this instant (the holder's heartbeat deadline).
     pub wake_at: Option<Instant>,
+    /// Claim name -> index in `queue` (filled by [`decide`]).
+    pub positions: HashMap<String, usize>,
+}
+
+impl Plan {
+    /// Index of claim `name` in the queue (0 = next), without a scan of the queue.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.positions.get(name).copied()
+    }
 }
 
 /// Can this claim be granted the lease?
@@ -175,6 +185,7 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64
         expire: Vec::new(),
         tokens_exhausted: false,
         wake_at: None,
+        positions: HashMap::new(),
     };
 
     if let Some(uid) = &lease.holder_uid {
@@ -236,6 +247,12 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64
         }
     }
     plan.queue.extend(waiting.map(|c| c.name.clone()));
+    plan.positions = plan
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (name.clone(), i))
+        .collect();
     plan
 }
 

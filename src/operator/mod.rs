@@ -4,6 +4,7 @@
 //! - [`decide`]: who holds next and why a holder stops (pure); [`token`]: the next token.
 //! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
 //!   [`expire`]: an expiry confirmed on a fresh read and made final on the claim (I9).
+//! - [`index`]: claims by lease and by pod, pods by annotated lease (no scans per event).
 //! - [`status`]: the lease and claim statuses a decision implies (pure).
 //! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
 //!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
@@ -22,6 +23,7 @@ pub mod expire;
 pub mod heartbeat;
 pub mod high_water;
 pub mod http;
+pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod orphans;

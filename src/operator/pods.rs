@@ -114,15 +114,21 @@ pub async fn repair_annotations(
         })
     };
 
-    let pods = ctx.pods.state_filter(|p| {
-        p.metadata.namespace.as_deref() == Some(ns)
-            && (p
-                .metadata
+    // The annotated pods (by index) and the holder's pod: never a scan of every pod.
+    let mut names = ctx.pods_by_lease.get(ns, lease_name);
+    names.extend(wanted.as_ref().map(|(name, _, _)| name.clone()));
+    names.sort();
+    names.dedup();
+    let pods = names
+        .iter()
+        .filter_map(|name| ctx.pods.get(&ObjectRef::new(name).within(ns)))
+        .filter(|p| {
+            p.metadata
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key(&key))
-                || is_wanted(p))
-    });
+                || is_wanted(p)
+        });
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     for pod in pods {
         let name = pod.metadata.name.clone().unwrap_or_default();

@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
@@ -123,10 +124,11 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         i64::from(status.waiting),
     );
 
-    Ok(match plan.wake_at {
-        Some(at) => Action::requeue(at.saturating_duration_since(Instant::now())),
-        None => Action::await_change(),
-    })
+    let idle = ctx.resync_after();
+    Ok(Action::requeue(match plan.wake_at {
+        Some(at) => at.saturating_duration_since(Instant::now()).min(idle),
+        None => idle,
+    }))
 }
 
 /// The deletion path. The last token is recorded first: that alone must succeed before the
@@ -202,9 +204,14 @@ fn seconds(s: i32) -> Duration {
     Duration::from_secs(u64::try_from(s).unwrap_or(1).max(1))
 }
 
+/// The claims of lease `ns/lease` in the cache, found by index.
 fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<FencedLeaseClaim>> {
-    ctx.claims
-        .state_filter(|c| c.metadata.namespace.as_deref() == Some(ns) && c.spec.lease_name == lease)
+    ctx.claims_by_lease
+        .get(ns, lease)
+        .into_iter()
+        .filter_map(|name| ctx.claims.get(&ObjectRef::new(&name).within(ns)))
+        .filter(|c| c.spec.lease_name == lease)
+        .collect()
 }
 
 /// The lease's claims: the cache, overlaid with what this reconcile read from the API.
@@ -569,7 +576,13 @@ async fn repair_claims(
                 (c.status.as_ref() != Some(&desired)).then_some((c, desired))
             })
             .collect();
-    writes.sort_by_key(|(_, s)| s.phase == Some(ClaimPhase::Granted));
+    // Those that lose the lease first, so no moment shows two claims Granted; then the new
+    // holder, so a hand-over does not wait for the queue's position updates; then the queue.
+    writes.sort_by_key(|(_, s)| match s.phase {
+        Some(ClaimPhase::Expired | ClaimPhase::Revoked) => 0,
+        Some(ClaimPhase::Granted) => 1,
+        _ => 2,
+    });
     for (claim, desired) in writes {
         let claim_name = claim.name_any();
         let became = desired.phase;

@@ -13,7 +13,7 @@ use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -22,6 +22,7 @@ use super::context::Context;
 use super::decode;
 use super::error::truncate;
 use super::heartbeat::{Heartbeats, beat_of};
+use super::index::Index;
 use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
 use super::{claims, reconcile};
@@ -38,12 +39,18 @@ pub struct Settings {
     pub api_timeout: Duration,
     /// Name of this replica in Events (the pod name).
     pub instance: Option<String>,
-    /// Reconcile every lease at this interval too, as a safety net.
+    /// Reconcile every lease at about this interval too (jittered), as a safety net.
     pub resync: Duration,
 }
 
 /// Buffer of each shared cache's fan-out to the controllers.
 const SHARED_BUFFER: usize = 1024;
+/// Leases reconciled at once: bounds the API calls (and connections) in flight, so that an
+/// operator started over thousands of waiting claims works through them instead of opening
+/// thousands of connections at once.
+const LEASE_CONCURRENCY: u16 = 32;
+/// Claims reconciled at once (only claims of missing leases do any work).
+const CLAIM_CONCURRENCY: u16 = 8;
 
 fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
@@ -64,11 +71,23 @@ fn prune<K: Resource>(object: &mut K) {
         .remove("kubectl.kubernetes.io/last-applied-configuration");
 }
 
+/// The leases whose token annotation `pod` carries.
+fn annotated_leases(pod: &PartialObjectMeta<Pod>) -> Vec<String> {
+    pod.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter_map(|(key, _)| key.strip_prefix(TOKEN_ANNOTATION_PREFIX)?.strip_prefix('/'))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Leases a pod event concerns: those it carries a token annotation of, and those whose
-/// claims name it.
+/// claims name it (found by index, not by a scan of every claim).
 fn leases_of_pod(
     pod: &PartialObjectMeta<Pod>,
     claims: &Store<FencedLeaseClaim>,
+    claims_by_pod: &Index,
 ) -> Vec<ObjectRef<FencedLease>> {
     let (Some(ns), Some(name)) = (
         pod.metadata.namespace.as_deref(),
@@ -76,20 +95,45 @@ fn leases_of_pod(
     ) else {
         return vec![];
     };
-    let annotated = pod
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .filter_map(|(key, _)| key.strip_prefix(TOKEN_ANNOTATION_PREFIX)?.strip_prefix('/'))
-        .map(|lease| ObjectRef::new(lease).within(ns));
-    let claimed = claims
-        .state_filter(|c| {
-            c.metadata.namespace.as_deref() == Some(ns) && c.spec.pod_name.as_deref() == Some(name)
-        })
+    let annotated = annotated_leases(pod)
         .into_iter()
+        .map(|lease| ObjectRef::new(&lease).within(ns));
+    let claimed = claims_by_pod
+        .get(ns, name)
+        .into_iter()
+        .filter_map(|claim| claims.get(&ObjectRef::new(&claim).within(ns)))
+        .filter(|c| c.spec.pod_name.as_deref() == Some(name))
         .map(|c| ObjectRef::new(&c.spec.lease_name).within(ns));
     annotated.chain(claimed).collect()
+}
+
+/// Keeps `index` in step with a watch of objects keyed by `keys`: set on apply, removed on
+/// delete, rebuilt from `store` when a relist completes.
+fn index_event<K>(
+    index: &Index,
+    store: &Store<K>,
+    event: &watcher::Event<K>,
+    keys: impl Fn(&K) -> Vec<String>,
+) where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+            index.set(&o.namespace().unwrap_or_default(), &o.name_any(), keys(o));
+        }
+        watcher::Event::Delete(o) => {
+            index.remove(&o.namespace().unwrap_or_default(), &o.name_any())
+        }
+        watcher::Event::InitDone => index.rebuild(store.state().iter().map(|o| {
+            (
+                o.namespace().unwrap_or_default(),
+                o.name_any(),
+                keys(o.as_ref()),
+            )
+        })),
+        watcher::Event::Init => {}
+    }
 }
 
 /// Drives a watch stream (which fills its cache) until `stop`.
@@ -136,8 +180,10 @@ pub async fn run(
         .expect("a shared store hands out subscriptions");
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
     let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
+    let pods_by_lease = Arc::new(Index::default());
     let gone_leases = {
-        let (pods, orphan_tx, metrics) = (pod_store.clone(), orphan_tx.clone(), metrics.clone());
+        let (pods, orphan_tx, metrics) =
+            (pods_by_lease.clone(), orphan_tx.clone(), metrics.clone());
         move |event: &watcher::Event<FencedLease>| {
             if let watcher::Event::Delete(lease) = event {
                 let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
@@ -169,15 +215,31 @@ pub async fn run(
         .expect("a shared store hands out subscriptions");
     let observer = heartbeats.clone();
     let on_error = heartbeats.clone();
+    let claims_by_lease = Arc::new(Index::default());
+    let claims_by_pod = Arc::new(Index::default());
     let claims_stream =
         decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
             .modify(prune)
             .reflect_shared(claim_writer)
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
+                let changes = ClaimChanges::default();
+                let (by_lease, by_pod) = (claims_by_lease.clone(), claims_by_pod.clone());
+                let store = claim_store.clone();
                 move |event| {
                     observe_heartbeats(&observer, event);
+                    index_event(&by_lease, &store, event, |c| {
+                        vec![c.spec.lease_name.clone()]
+                    });
+                    index_event(&by_pod, &store, event, |c| {
+                        c.spec.pod_name.iter().cloned().collect()
+                    });
                     for claim in touched(event) {
+                        // A heartbeat alone only moves the holder's deadline later: the lease's
+                        // timer already wakes it then, so it costs no reconcile (and no write).
+                        if !changes.matters(event, claim) {
+                            continue;
+                        }
                         if let Some(ns) = claim.metadata.namespace.as_deref() {
                             let _ = lease_triggers
                                 .send(ObjectRef::new(&claim.spec.lease_name).within(ns));
@@ -190,13 +252,19 @@ pub async fn run(
 
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
+    let (by_pod, by_annotation, pod_cache) = (
+        claims_by_pod.clone(),
+        pods_by_lease.clone(),
+        pod_store.clone(),
+    );
     let pods = watcher(api::<PartialObjectMeta<Pod>>(&client, ns), wc)
         .default_backoff()
         .modify(prune)
         .reflect_shared(pod_writer)
         .inspect_ok(move |event| {
+            index_event(&by_annotation, &pod_cache, event, annotated_leases);
             for pod in touched(event) {
-                for lease in leases_of_pod(pod, &claims_for_pods) {
+                for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
                     if leases_for_pods.get(&lease).is_none() && is_annotated(pod, &lease.name) {
                         let _ = orphan_tx.send(Orphan {
                             namespace: lease.namespace.clone().unwrap_or_default(),
@@ -221,6 +289,9 @@ pub async fn run(
         state_namespace: settings.state_namespace.clone(),
         synced: Default::default(),
         failures: Default::default(),
+        resync: settings.resync,
+        claims_by_lease,
+        pods_by_lease: pods_by_lease.clone(),
     });
 
     let watches = [
@@ -254,11 +325,18 @@ pub async fn run(
         }
     });
 
-    let resync =
-        futures::stream::once(future::ready(())).chain(tokio_stream_interval(settings.resync));
+    // Every lease once the caches have synced (one being deleted while the operator was
+    // down, with no claim to trigger it, say); after that each lease requeues itself.
+    let initial = {
+        let store = lease_store.clone();
+        futures::stream::once(async move {
+            let _ = wait_synced(&store).await;
+        })
+    };
     let lease_controller = Controller::for_shared_stream(lease_events, lease_store)
+        .reconcile_all_on(initial)
+        .with_config(controller::Config::default().concurrency(LEASE_CONCURRENCY))
         .reconcile_on(tokio_stream_from(lease_trigger_events))
-        .reconcile_all_on(resync)
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| {
@@ -276,6 +354,7 @@ pub async fn run(
         });
 
     let claim_controller = Controller::for_shared_stream(claim_events, claim_store)
+        .with_config(controller::Config::default().concurrency(CLAIM_CONCURRENCY))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| {
@@ -394,6 +473,44 @@ fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeas
     }
 }
 
+/// What of each claim its lease's decision reads, besides the heartbeat, by claim UID: an
+/// event that changes none of it (a heartbeat) needs no reconcile of the lease.
+#[derive(Default)]
+struct ClaimChanges {
+    seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl ClaimChanges {
+    fn matters(&self, event: &watcher::Event<FencedLeaseClaim>, claim: &FencedLeaseClaim) -> bool {
+        let Some(uid) = claim.metadata.uid.clone() else {
+            return true;
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(event, watcher::Event::Delete(_)) {
+            seen.remove(&uid);
+            return true;
+        }
+        let print = fingerprint(claim);
+        seen.insert(uid, print) != Some(print)
+    }
+}
+
+/// A hash of everything a lease's decision reads of a claim except its heartbeat.
+fn fingerprint(claim: &FencedLeaseClaim) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    claim.spec.lease_name.hash(&mut h);
+    claim.spec.pod_name.hash(&mut h);
+    claim.metadata.deletion_timestamp.is_some().hash(&mut h);
+    for owner in claim.metadata.owner_references.iter().flatten() {
+        (&owner.kind, &owner.name, &owner.uid).hash(&mut h);
+    }
+    serde_json::to_string(&claim.status)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
 /// Does `pod` carry the token annotation of lease `lease`?
 fn is_annotated(pod: &PartialObjectMeta<Pod>, lease: &str) -> bool {
     pod.metadata
@@ -402,17 +519,7 @@ fn is_annotated(pod: &PartialObjectMeta<Pod>, lease: &str) -> bool {
         .is_some_and(|a| a.contains_key(&crate::api::token_annotation_key(lease)))
 }
 
-/// Pods of namespace `ns` carrying the token annotation of lease `lease`.
-fn annotated_pods(pods: &Store<PartialObjectMeta<Pod>>, ns: &str, lease: &str) -> Vec<String> {
-    pods.state_filter(|p| p.metadata.namespace.as_deref() == Some(ns) && is_annotated(p, lease))
-        .iter()
-        .map(|p| p.name_any())
-        .collect()
-}
-
-fn tokio_stream_interval(every: Duration) -> impl Stream<Item = ()> + Send {
-    futures::stream::unfold((), move |()| async move {
-        tokio::time::sleep(every).await;
-        Some(((), ()))
-    })
+/// Pods of namespace `ns` carrying the token annotation of lease `lease`, by index.
+fn annotated_pods(pods_by_lease: &Index, ns: &str, lease: &str) -> Vec<String> {
+    pods_by_lease.get(ns, lease)
 }

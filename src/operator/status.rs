@@ -10,6 +10,16 @@ use crate::api::{
 
 use super::decide::{EndReason, Plan, PodPresence};
 
+/// The generation a claim status records: none. Every heartbeat changes the claim's spec
+/// (`renewTime`), so recording the generation would cost an operator write per heartbeat; a
+/// heartbeat must cost one write, the holder's own.
+pub const CLAIM_GENERATION: Option<i64> = None;
+
+/// Queue positions shown on the first claims of a queue only: every hand-over moves every
+/// position, and a lease with thousands of waiters must not cost thousands of claim writes
+/// per hand-over. Claims further back say so in their message.
+pub const POSITIONS_SHOWN: usize = 100;
+
 /// What a grant fixes for its whole term, besides the token.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Term {
@@ -108,7 +118,7 @@ pub fn claim_status(
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     let current = claim.status.clone().unwrap_or_default();
     let mut next = FencedLeaseClaimStatus {
-        observed_generation: claim.metadata.generation,
+        observed_generation: CLAIM_GENERATION,
         conditions: current.conditions.clone(),
         ..Default::default()
     };
@@ -142,7 +152,7 @@ pub fn claim_status(
         Some(ClaimPhase::Expired | ClaimPhase::Revoked)
     ) {
         return FencedLeaseClaimStatus {
-            observed_generation: claim.metadata.generation,
+            observed_generation: CLAIM_GENERATION,
             ..current
         };
     } else if current.phase == Some(ClaimPhase::Granted) {
@@ -155,17 +165,18 @@ pub fn claim_status(
         ));
     } else {
         next.phase = Some(ClaimPhase::Pending);
-        let position = plan
-            .queue
-            .iter()
-            .position(|n| Some(n) == claim.metadata.name.as_ref());
-        next.queue_position = position.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
+        let position = claim.metadata.name.as_ref().and_then(|n| plan.position(n));
+        let shown = position.filter(|p| *p < POSITIONS_SHOWN);
+        next.queue_position = shown.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
         next.message = Some(match (position, pod, &claim.spec.pod_name) {
             (_, PodPresence::Missing, Some(pod)) => format!("waiting for pod {pod} to exist"),
-            (Some(p), _, _) => format!(
+            (Some(p), _, _) if p < POSITIONS_SHOWN => format!(
                 "waiting for lease {lease_name}: position {} in the queue",
                 p + 1
             ),
+            (Some(_), _, _) => {
+                format!("waiting for lease {lease_name}: more than {POSITIONS_SHOWN} claims ahead")
+            }
             (None, _, _) => format!("waiting for lease {lease_name}"),
         });
     }
@@ -176,7 +187,7 @@ pub fn claim_status(
         "True",
         "Found",
         "",
-        claim.metadata.generation,
+        CLAIM_GENERATION,
         now,
     );
     if let Some(pod_name) = &claim.spec.pod_name {
@@ -194,7 +205,7 @@ pub fn claim_status(
             status,
             reason,
             &message,
-            claim.metadata.generation,
+            CLAIM_GENERATION,
             now,
         );
     }
@@ -220,7 +231,7 @@ pub fn expired_status(
         phase: Some(ClaimPhase::Expired),
         message: Some(message),
         queue_position: None,
-        observed_generation: claim.metadata.generation,
+        observed_generation: CLAIM_GENERATION,
         ..current
     }
 }
@@ -301,6 +312,7 @@ mod tests {
             expire: vec![],
             tokens_exhausted: false,
             wake_at: None,
+            positions: Default::default(),
         }
     }
 
@@ -410,6 +422,7 @@ mod tests {
         let mut b = claim("b", None);
         let p = Plan {
             queue: vec!["a".into(), "b".into()],
+            positions: [("a".to_string(), 0), ("b".to_string(), 1)].into(),
             wake_at: Some(Instant::now()),
             ..plan()
         };
