@@ -32,6 +32,8 @@ pub struct Context {
     /// All caches have synced: until then no decision is taken (a pod missing from an
     /// unsynced cache is not a deleted pod).
     pub synced: AtomicBool,
+    /// The operator's admission policy bindings (leases with `spec.fenceObjects`).
+    pub fence_bindings: super::fence_binding::FenceBindings,
 }
 
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.

@@ -74,6 +74,8 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         }
         return Ok(Action::await_change());
     }
+    // The admission binding that fences the lease's objects (deleted before the finalizer goes).
+    super::fence_binding::sync(ctx, &lease).await?;
 
     let Some((before, lease, plan)) =
         write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await?

@@ -190,6 +190,12 @@ pub async fn run(
         api_timeout: settings.api_timeout,
         state_namespace: settings.state_namespace.clone(),
         synced: Default::default(),
+        fence_bindings: super::fence_binding::FenceBindings::start(
+            client.clone(),
+            ns.clone(),
+            settings.api_timeout,
+            stop.clone(),
+        ),
     });
 
     let watches = [
