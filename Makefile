@@ -3,9 +3,12 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help test deps lint fmt crds up down
+.PHONY: help demo test deps lint fmt crds up down
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
+	@hack/demo
 
 test: deps lint ## everything: lint, unit and integration tests against a real control plane
 	@eval "$$(hack/control-plane up)" && $(CARGO) test --locked
