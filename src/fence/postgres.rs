@@ -8,8 +8,9 @@
 //! ```
 //!
 //! so the check and the write are one atomic step; zero rows means a higher token wrote
-//! first ([`Error::Fenced`]). A write that is more than one statement takes the row lock for
-//! the whole transaction instead ([`FencedTable::begin`]).
+//! first ([`Error::Fenced`]). A write that is more than one statement starts its transaction
+//! with that statement ([`FencedTable::begin`]): the row lock it takes holds until commit, so
+//! every other writer of the row waits, and the whole transaction is fenced by one check.
 //!
 //! ```no_run
 //! # async fn demo(client: &mut tokio_postgres::Client, token: i64) -> Result<(), fenced_lease::fence::Error> {
@@ -18,7 +19,7 @@
 //! payouts.add_fence_column(&*client).await?;
 //! payouts.update(&*client, &[&42_i64], &[("paid_by", &"worker-a")], token).await?;
 //!
-//! let tx = payouts.begin(client, &[&42_i64], token).await?; // row locked, token checked
+//! let tx = payouts.begin(client, &[&42_i64], token).await?; // row locked, token checked and recorded
 //! tx.execute("UPDATE payouts SET amount = amount + 10 WHERE account = $1", &[&42_i64]).await?;
 //! tx.commit().await?;
 //! # Ok(()) }
@@ -188,11 +189,12 @@ impl FencedTable {
         }
     }
 
-    /// Starts a transaction guarded by the row with `key`: locks the row (`SELECT ... FOR
-    /// UPDATE`), refuses a token lower than the row's, and records `token` on it. Until the
-    /// transaction ends no other writer can change the row, so every statement run in it is
-    /// fenced by the same check. Commit with [`FencedTransaction::commit`]; dropping it rolls
-    /// back.
+    /// Starts a transaction guarded by the row with `key`: one conditional
+    /// `UPDATE ... SET fence_token = token WHERE key AND fence_token <= token` locks the row,
+    /// checks the token and records it, like [`update`](Self::update). The row stays locked
+    /// until the transaction ends, so every statement run in it is fenced by that one check,
+    /// and a writer with a higher token waits for it rather than interleaving. Commit with
+    /// [`FencedTransaction::commit`]; dropping it rolls back.
     pub async fn begin<'c>(
         &self,
         client: &'c mut Client,
@@ -203,30 +205,17 @@ impl FencedTable {
         self.check_key(key)?;
         let tx = client.transaction().await?;
         let fence = quote(FENCE_COLUMN);
-        let lock = format!(
-            "SELECT {fence} FROM {} WHERE {} FOR UPDATE",
-            self.table,
-            self.key_predicate(1)
-        );
-        let Some(row) = tx.query_opt(&lock, key).await? else {
-            return Err(Error::Missing(self.describe(key)));
-        };
-        let highest: i64 = row.try_get(0)?;
-        if !super::accepts(highest, token) {
-            return Err(Error::Fenced {
-                presented: token,
-                highest,
-            });
-        }
-        let record = format!(
-            "UPDATE {} SET {fence} = $1 WHERE {}",
+        let claim = format!(
+            "UPDATE {} SET {fence} = $1 WHERE {} AND {fence} <= $1",
             self.table,
             self.key_predicate(2)
         );
         let mut params: Vec<Value<'_>> = vec![&token];
         params.extend_from_slice(key);
-        tx.execute(&record, &params).await?;
-        Ok(FencedTransaction { tx, token })
+        if tx.execute(&claim, &params).await? == 1 {
+            return Ok(FencedTransaction { tx, token });
+        }
+        Err(self.refused(&tx, key, token).await)
     }
 }
 
