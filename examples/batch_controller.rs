@@ -21,7 +21,6 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
-
 #[derive(Parser)]
 struct Args {
     /// Namespace of the lease and of the ConfigMaps.
