@@ -7,8 +7,8 @@
 //!
 //! A binding is cluster-scoped and cannot be owned by a namespaced lease, so nothing garbage
 //! collects it: the operator deletes it when `fenceObjects` is turned off, when the lease is
-//! deleted (before its finalizer goes), and, after every (re)list of its bindings, any whose
-//! lease the API says is gone. Every step is idempotent and safe if the one before never ran.
+//! deleted (before its finalizer goes), and, after every (re)list of its bindings and every
+//! five minutes, any whose lease the API says is gone. Every step is idempotent and safe if the one before never ran.
 //! The operator's bindings are labelled, and watched into a cache, so that an unchanged lease
 //! costs no API call.
 
@@ -42,6 +42,8 @@ const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fenced-lease-
 /// Labels naming the lease a binding is for.
 const LEASE_NAMESPACE_LABEL: &str = "fencing.dev/lease-namespace";
 const LEASE_NAME_LABEL: &str = "fencing.dev/lease-name";
+/// How often bindings are checked for a lease that is gone, besides after every (re)list.
+const ORPHAN_SWEEP: Duration = Duration::from_secs(300);
 
 /// Name of the binding of lease `name` in namespace `ns`. Namespace names have no dots, so
 /// the name is unambiguous; it stays under 253 characters (lease names are at most 63).
@@ -112,7 +114,8 @@ pub struct FenceBindings {
 
 impl FenceBindings {
     /// Watches the operator's bindings (only those of `namespace` when the operator watches
-    /// one) until `stop`, and after every (re)list deletes those whose lease is gone.
+    /// one) until `stop`, and after every (re)list and every five minutes deletes those whose
+    /// lease is gone.
     pub fn start(
         client: Client,
         namespace: Option<String>,
@@ -132,14 +135,22 @@ impl FenceBindings {
         tokio::spawn(async move {
             let stream = stream.take_until(stop.cancelled_owned());
             futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::InitDone) => {
+            let mut sweep = tokio::time::interval(ORPHAN_SWEEP);
+            sweep.tick().await; // the first tick is immediate; the first list sweeps
+            loop {
+                tokio::select! {
+                    event = stream.next() => match event {
+                        None => break,
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            tokio::spawn(remove_orphans(client.clone(), cache.state(), api_timeout));
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            warn!(watch = "validatingadmissionpolicybindings", error = %e, "watch failed; retrying with backoff")
+                        }
+                    },
+                    _ = sweep.tick() => {
                         tokio::spawn(remove_orphans(client.clone(), cache.state(), api_timeout));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        warn!(watch = "validatingadmissionpolicybindings", error = %e, "watch failed; retrying with backoff")
                     }
                 }
             }

@@ -74,9 +74,6 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         }
         return Ok(Action::await_change());
     }
-    // The admission binding that fences the lease's objects (deleted before the finalizer goes).
-    super::fence_binding::sync(ctx, &lease).await?;
-
     let Some((before, lease, plan)) =
         write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await?
     else {
@@ -97,6 +94,10 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         status.holder.is_some(),
         i64::from(status.waiting),
     );
+
+    // The admission binding that fences the lease's objects, after the grant path so that a
+    // failure here never holds up a grant or an expiry; deleted before the finalizer goes.
+    super::fence_binding::sync(ctx, &lease).await?;
 
     if deleting {
         high_water::record(ctx, &ns, &name, status.fencing_token).await?;
