@@ -3,18 +3,24 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help test deps lint fmt crds up down
+.PHONY: help demo test deps lint fmt crds up down
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-test: deps lint ## everything: lint, unit and integration tests against a real control plane
-	@eval "$$(hack/control-plane up)" && $(CARGO) test --locked
+demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
+	@hack/demo
+
+test: deps lint ## everything: lint, unit and integration tests against a real control plane, PostgreSQL and Redis
+	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
+	eval "$$(hack/datastores up)" && eval "$$(hack/control-plane up)" && $(CARGO) test --locked --all-features; \
+	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 deps: ## Debian packages, Rust components, and the control-plane binaries (cached)
 	@hack/deps
 
 lint: ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all --check
+	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
 fmt: ## format the code

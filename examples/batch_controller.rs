@@ -1,10 +1,10 @@
 //! A batch controller that works only while it leads, by fenced leader election on a
 //! `FencedLease`. Every ConfigMap it writes is labelled with the lease and stamped with its
-//! fencing token, so that a token check at the resource (the admission policy the chart is
-//! to ship) can refuse the writes of a leader that stalled past its lease and was replaced.
+//! fencing token, so that the apiserver (with the policies of `deploy/admission/`) refuses the
+//! writes of a leader that stalled past its lease and was replaced.
 //!
 //! ```console
-//! $ kubectl apply -f - <<< '{"apiVersion":"fencing.dev/v1alpha1","kind":"FencedLease","metadata":{"name":"batch"},"spec":{}}'
+//! $ kubectl apply -f - <<< '{"apiVersion":"fencing.dev/v1alpha1","kind":"FencedLease","metadata":{"name":"batch"},"spec":{"fenceObjects":true}}'
 //! $ cargo run --example batch-controller -- --lease batch --batches 5
 //! ```
 //! Run two: one leads, the other waits; stop the leader and the other takes over with a
@@ -14,16 +14,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Parser;
+use fenced_lease::api::{LEASE_LABEL, TOKEN_ANNOTATION};
 use fenced_lease::holder::{AcquireOptions, ElectOptions, LeaseHandle, elect};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
-
-/// Label naming the lease an object is fenced by.
-const LEASE_LABEL: &str = "fencing.dev/lease";
-/// Annotation carrying the fencing token of the write.
-const TOKEN_ANNOTATION: &str = "fencing.dev/token";
 
 #[derive(Parser)]
 struct Args {

@@ -8,9 +8,11 @@ use std::time::Duration;
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, token_annotation_key};
+use fenced_lease::operator::fence_binding::binding_name;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -67,6 +69,11 @@ async fn operator_works_with_only_its_documented_role() {
         ("patch", "fencedleases.fencing.dev", ""),
         ("update", "fencedleases.fencing.dev", "status"),
         ("create", "configmaps", ""),
+        (
+            "create",
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+            "",
+        ),
     ] {
         wait_for(
             &format!("{subject} may {verb} {resource} {sub}"),
@@ -98,7 +105,7 @@ async fn operator_works_with_only_its_documented_role() {
         &kubeconfig,
     );
 
-    create::<FencedLease>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {}})).await;
+    create::<FencedLease>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {"fenceObjects": true}})).await;
     create::<Pod>(&ns, json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "example.invalid/x:1"}]}})).await;
     for (claim, pod) in [("a", Some("p")), ("b", None)] {
         let mut spec = json!({"leaseName": "l", "holderIdentity": claim});
@@ -116,6 +123,13 @@ async fn operator_works_with_only_its_documented_role() {
         (pod.metadata.annotations?.get(&key)? == &token.to_string()).then_some(())
     })
     .await;
+    // spec.fenceObjects: the operator keeps the lease's admission binding.
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone());
+    let binding = binding_name(&ns.name, "l");
+    wait_for("the fence binding", WAIT, || async {
+        bindings.get_opt(&binding).await.unwrap()
+    })
+    .await;
     ns.api::<FencedLeaseClaim>()
         .delete("a", &DeleteParams::default())
         .await
@@ -125,6 +139,10 @@ async fn operator_works_with_only_its_documented_role() {
 
     // Deletion goes through the finalizer, which writes the ConfigMap it may write.
     ns.delete_lease("l").await;
+    assert!(
+        bindings.get_opt(&binding).await.unwrap().is_none(),
+        "the fence binding outlived its lease"
+    );
     let cm = ns
         .api::<k8s_openapi::api::core::v1::ConfigMap>()
         .get(&format!("fenced-lease-tokens.{}", ns.name))

@@ -115,3 +115,22 @@ async fn readme_kubectl_fence_run_example_runs() {
         "output of `{command}`:\n{stdout}"
     );
 }
+
+#[test]
+fn readme_opens_with_make_demo_and_the_makefile_has_it() {
+    let readme = readme();
+    let first_command = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("$ "))
+        .expect("the README shows a command");
+    assert_eq!(first_command, "make demo", "the README's first command");
+    let makefile = std::fs::read_to_string(repo_root().join("Makefile")).unwrap();
+    assert!(
+        makefile.lines().any(|l| l.starts_with("demo:")),
+        "the Makefile has no demo target"
+    );
+    assert!(
+        readme.contains("OK: the dividend was paid once."),
+        "the README shows the output of a successful demo"
+    );
+}

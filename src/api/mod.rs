@@ -23,6 +23,16 @@ pub const VERSION: &str = "v1alpha1";
 /// several leases carries several tokens, and no other tool's annotation can collide with it.
 pub const TOKEN_ANNOTATION_PREFIX: &str = "token.fencing.dev";
 
+/// Label that puts a Kubernetes object under a lease's fence: `fencing.dev/lease: <lease name>`
+/// (a FencedLease in the object's namespace). See `deploy/admission/fence-policy.yaml`.
+pub const LEASE_LABEL: &str = "fencing.dev/lease";
+
+/// Annotation carrying the fencing token of the last write to a fenced object:
+/// `fencing.dev/token: "<token>"`, a decimal integer. The apiserver refuses a write whose token
+/// is lower than the one stored on the object, or (when the lease has `spec.fenceObjects`)
+/// lower than the lease's current token.
+pub const TOKEN_ANNOTATION: &str = "fencing.dev/token";
+
 /// Longest lease name: the name part of an annotation key is limited to 63 characters.
 pub const MAX_LEASE_NAME_LEN: usize = 63;
 

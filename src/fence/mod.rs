@@ -1,12 +1,79 @@
 //! The resource side: the protected resource checks each write's token atomically and
-//! refuses any token lower than the highest it has accepted. Guards for Kubernetes objects
-//! (admission policy), PostgreSQL and Redis build on the rule in [`accepts`].
+//! refuses any token lower than the highest it has accepted ([`accepts`]). A check done in
+//! application code (read, compare, then write) would reintroduce the race the lease is
+//! there to remove, so every guard here is one conditional write at the resource:
+//!
+//! - [`kube`]: Kubernetes objects, checked by the apiserver itself (ValidatingAdmissionPolicy,
+//!   `deploy/admission/fence-policy.yaml`); helpers stamp the lease label and token annotation.
+//! - `postgres` (feature `postgres`): `UPDATE ... WHERE key AND fence_token <= $token`, an
+//!   upsert, and a guard for a whole transaction.
+//! - `redis` (feature `redis`): a Lua script that compares and writes in one step.
+//!
+//! Every guard reports a stale writer the same way: [`Error::Fenced`].
+
+pub mod kube;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// The fencing rule every guard implements atomically: a write carrying `token` is accepted
 /// when it is at least the highest token accepted so far. Equal is accepted so that one
 /// holder can write many times with the same token.
 pub fn accepts(highest_accepted: i64, token: i64) -> bool {
     token >= highest_accepted
+}
+
+/// Why a guarded write did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The resource has accepted a higher token: the writer is stale (its lease was taken
+    /// over) and must stop, not retry.
+    #[error(
+        "fenced out: token {presented} is lower than {highest}, the highest token the resource has accepted"
+    )]
+    Fenced {
+        /// The token this write carried.
+        presented: i64,
+        /// The token the resource holds (the highest it has accepted).
+        highest: i64,
+    },
+    /// Tokens are never negative; a negative one is a bug in the caller.
+    #[error("invalid fencing token {0}: tokens are non-negative integers")]
+    InvalidToken(i64),
+    /// The row or object the write is guarded by does not exist.
+    #[error("{0} does not exist")]
+    Missing(String),
+    /// A name the guard cannot use (a Redis key it cannot hash-tag, say).
+    #[error("{0}")]
+    InvalidName(String),
+    /// The apiserver refused or failed the write for another reason.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[source] ::kube::Error),
+    /// PostgreSQL failed the statement (not a fencing refusal).
+    #[cfg(feature = "postgres")]
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// Redis failed the command (not a fencing refusal).
+    #[cfg(feature = "redis")]
+    #[error("Redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+}
+
+impl Error {
+    /// Was the write refused because a higher token was accepted before it?
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Fenced { .. })
+    }
+}
+
+/// Refuses negative tokens before any I/O.
+pub(crate) fn check_token(token: i64) -> Result<i64, Error> {
+    if token < 0 {
+        return Err(Error::InvalidToken(token));
+    }
+    Ok(token)
 }
 
 #[cfg(test)]
@@ -22,5 +89,24 @@ mod tests {
     fn newer_holder_is_accepted_and_older_is_refused() {
         assert!(accepts(7, 8));
         assert!(!accepts(8, 7));
+    }
+
+    #[test]
+    fn fenced_error_names_both_tokens() {
+        let e = Error::Fenced {
+            presented: 7,
+            highest: 9,
+        };
+        assert!(e.is_fenced());
+        assert_eq!(
+            e.to_string(),
+            "fenced out: token 7 is lower than 9, the highest token the resource has accepted"
+        );
+    }
+
+    #[test]
+    fn negative_tokens_are_refused() {
+        assert!(matches!(check_token(-1), Err(Error::InvalidToken(-1))));
+        assert_eq!(check_token(0).unwrap(), 0);
     }
 }

@@ -43,6 +43,8 @@ pub struct Context {
     pub claims_by_lease: Arc<Index>,
     /// Pods by the leases whose token annotation they carry.
     pub pods_by_lease: Arc<Index>,
+    /// The operator's admission policy bindings (leases with `spec.fenceObjects`).
+    pub fence_bindings: super::fence_binding::FenceBindings,
 }
 
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.

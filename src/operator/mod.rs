@@ -9,7 +9,8 @@
 //! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
 //!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
 //!   finalizer that keeps tokens growing across deletion of a lease; [`orphans`]: token
-//!   annotations of leases that are gone.
+//!   annotations of leases that are gone; [`fence_binding`]: the admission policy binding
+//!   that fences a lease's Kubernetes objects (`spec.fenceObjects`).
 //! - [`run`]: watches and controllers ([`decode`]: watches one unreadable object cannot stop); [`leader`]: leader election; [`http`]: health and
 //!   metrics endpoints; [`metrics`], [`error`], [`context`].
 
@@ -20,6 +21,7 @@ pub mod decide;
 pub mod decode;
 pub mod error;
 pub mod expire;
+pub mod fence_binding;
 pub mod heartbeat;
 pub mod high_water;
 pub mod http;

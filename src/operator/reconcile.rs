@@ -117,6 +117,9 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     let status = lease.status.clone().unwrap_or_default();
     repair_claims(ctx, &status, &plan, &fresh, &ns, &name).await?;
     pods::repair_annotations(ctx, &lease, &ns, &name).await?;
+    // The admission binding that fences the lease's objects, after the grant path so that a
+    // failure here never holds up a grant or an expiry.
+    super::fence_binding::sync(ctx, &lease).await?;
     ctx.metrics.lease_state(
         &ns,
         &name,
@@ -158,7 +161,9 @@ async fn finalize(
             let status = written.status.clone().unwrap_or_default();
             repair_claims(ctx, &status, &plan, &fresh, ns, name).await?;
         }
-        pods::repair_annotations(ctx, lease, ns, name).await
+        pods::repair_annotations(ctx, lease, ns, name).await?;
+        // The binding that fences its objects goes with the lease (an orphan is also swept).
+        super::fence_binding::sync(ctx, lease).await
     };
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");

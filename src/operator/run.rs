@@ -292,6 +292,12 @@ pub async fn run(
         resync: settings.resync,
         claims_by_lease,
         pods_by_lease: pods_by_lease.clone(),
+        fence_bindings: super::fence_binding::FenceBindings::start(
+            client.clone(),
+            ns.clone(),
+            settings.api_timeout,
+            stop.clone(),
+        ),
     });
 
     let watches = [

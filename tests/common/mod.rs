@@ -7,6 +7,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod faults;
+pub mod fence;
 pub mod operator;
 
 use std::path::{Path, PathBuf};
@@ -36,7 +37,7 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn run(cmd: &mut Command) -> Output {
+pub fn run(cmd: &mut Command) -> Output {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
@@ -272,6 +273,18 @@ impl Drop for TestNamespace {
                     .output();
             }
         }
+        // Fence bindings are cluster-scoped: the namespace's deletion does not take them.
+        let _ = self
+            .cp
+            .kubectl_cmd()
+            .args([
+                "delete",
+                "validatingadmissionpolicybindings",
+                "-l",
+                &format!("fencing.dev/lease-namespace={}", self.name),
+                "--wait=false",
+            ])
+            .output();
         let _ = self
             .cp
             .kubectl_cmd()

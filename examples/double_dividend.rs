@@ -1,0 +1,497 @@
+//! `make demo`: the "double dividend". Two workers contend for one FencedLease to pay account
+//! 42's dividend exactly once. Worker A takes the lease and starts paying; it is paused
+//! (SIGSTOP, a stop-the-world pause) past its lease; B is granted the next token, finds the
+//! dividend unpaid and pays it; A resumes, still believing it holds the lease, and writes with
+//! its old token. Its writes are refused by the apiserver (a ConfigMap fenced by the
+//! admission policies) and by PostgreSQL (a fenced row). Prints the timeline; exits 0 only if
+//! every stale write was refused and the dividend was paid once.
+//!
+//! Run by `hack/demo` (which starts the control plane, PostgreSQL and the operator); by hand:
+//!
+//! ```console
+//! $ cargo run --all-features --example double-dividend -- --namespace demo
+//! ```
+//! with KUBECONFIG, FL_POSTGRES_URL, the CRDs, deploy/admission and an operator watching
+//! `demo` in place. A worker is this program run with `--worker NAME`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use fenced_lease::api::FencedLease;
+use fenced_lease::fence::kube::stamp;
+use fenced_lease::fence::postgres::FencedTable;
+use fenced_lease::holder::{AcquireOptions, acquire};
+use fenced_lease::operator::fence_binding::binding_name;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+const LEASE: &str = "dividend-42";
+const LEASE_SECONDS: u64 = 3;
+/// How long paying takes: the pause hits in the middle of it.
+const PAYING: Duration = Duration::from_millis(2000);
+
+/// The double dividend: a stalled lease holder whose writes are fenced out.
+#[derive(Parser)]
+struct Args {
+    /// Namespace of the lease and the ConfigMaps (an operator must watch it).
+    #[arg(short = 'n', long)]
+    namespace: String,
+    /// Where the workers' logs go.
+    #[arg(long, default_value = "/tmp")]
+    log_dir: PathBuf,
+    /// Run as worker NAME (used by the demo itself).
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+    /// The PostgreSQL table of the ledger (workers only).
+    #[arg(long, hide = true)]
+    table: Option<String>,
+    /// Start of the timeline, ms since the epoch (workers only).
+    #[arg(long, hide = true)]
+    t0_ms: Option<u128>,
+}
+
+/// One line a worker reports to the demo, as JSON on its stdout.
+#[derive(Serialize, Deserialize, Debug)]
+struct Report {
+    at_ms: u128,
+    event: Event,
+    text: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Event {
+    Granted,
+    Paying,
+    Accepted,
+    Refused,
+    Failed,
+    Done,
+}
+
+fn epoch_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let result = match args.worker.clone() {
+        Some(name) => worker(&args, &name).await,
+        None => demo(&args).await,
+    };
+    match result {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("double-dividend: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn postgres() -> Result<tokio_postgres::Client> {
+    let url = std::env::var("FL_POSTGRES_URL").map_err(|_| "FL_POSTGRES_URL is not set")?;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+// ---- the worker ---------------------------------------------------------------------------
+
+/// Takes the lease, reads the ledger, pays (slowly), and writes the payout with its token to a
+/// ConfigMap, a receipt ConfigMap and the PostgreSQL row. Reports each step.
+async fn worker(args: &Args, name: &str) -> Result<bool> {
+    let (table, t0) = (
+        args.table.clone().ok_or("--table is required")?,
+        args.t0_ms.ok_or("--t0-ms is required")?,
+    );
+    let report = |event: Event, text: String| {
+        let line = Report {
+            at_ms: epoch_ms().saturating_sub(t0),
+            event,
+            text,
+        };
+        println!("{}", serde_json::to_string(&line).unwrap_or_default());
+    };
+    let client = Client::try_default().await?;
+    let db = postgres().await?;
+    let options = AcquireOptions::default()
+        .identity(name)
+        .wait(Duration::from_secs(60));
+    let guard = acquire(client.clone(), &args.namespace, LEASE, options).await?;
+    // The check: from here on the worker acts on this token, however long the act takes.
+    let token = guard.token()?;
+    report(
+        Event::Granted,
+        format!("granted lease {LEASE} with token {token}"),
+    );
+    let row = db
+        .query_one(
+            &format!("SELECT paid_by FROM {table} WHERE account = 42"),
+            &[],
+        )
+        .await?;
+    let paid_by: Option<String> = row.get(0);
+    if let Some(by) = paid_by {
+        report(Event::Done, format!("ledger: already paid by {by}"));
+        return Ok(true);
+    }
+    report(
+        Event::Paying,
+        format!(
+            "ledger: account 42's dividend is unpaid; paying it (takes {}s)",
+            PAYING.as_secs_f32()
+        ),
+    );
+    tokio::time::sleep(PAYING).await;
+
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
+    let mut payout = config_map("dividend-42-2024q4", name);
+    stamp(&mut payout, LEASE, token);
+    let written = configmaps
+        .patch(
+            "dividend-42-2024q4",
+            &PatchParams::apply(name).force(),
+            &Patch::Apply(&payout),
+        )
+        .await;
+    report_kube(
+        &report,
+        "ConfigMap dividend-42-2024q4",
+        token,
+        written.map(drop),
+    );
+    let receipt_name = format!("receipt-{name}");
+    let mut receipt = config_map(&receipt_name, name);
+    stamp(&mut receipt, LEASE, token);
+    let written = configmaps.create(&PostParams::default(), &receipt).await;
+    report_kube(
+        &report,
+        &format!("ConfigMap {receipt_name} (new)"),
+        token,
+        written.map(drop),
+    );
+    let ledger = FencedTable::new(&table, &["account"]);
+    let written = ledger
+        .update(&db, &[&42_i64], &[("paid_by", &name)], token)
+        .await;
+    match written {
+        Ok(()) => report(
+            Event::Accepted,
+            format!("ACCEPTED  PostgreSQL {table} row 42 <- token {token}"),
+        ),
+        Err(e) if e.is_fenced() => report(
+            Event::Refused,
+            format!("REFUSED   by PostgreSQL ({table} row 42): {e}"),
+        ),
+        Err(e) => report(Event::Failed, format!("FAILED    PostgreSQL: {e}")),
+    }
+    report(Event::Done, "done".into());
+    let _ = guard.release().await; // a lost lease has nothing left to release
+    Ok(true)
+}
+
+fn config_map(name: &str, paid_by: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            ("account".into(), "42".into()),
+            ("dividend".into(), "2024-Q4".into()),
+            ("paidBy".into(), paid_by.into()),
+        ])),
+        ..Default::default()
+    }
+}
+
+fn report_kube(
+    report: &impl Fn(Event, String),
+    what: &str,
+    token: i64,
+    written: Result<(), kube::Error>,
+) {
+    match written {
+        Ok(()) => report(
+            Event::Accepted,
+            format!("ACCEPTED  {what} <- token {token}"),
+        ),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            // "... ValidatingAdmissionPolicy 'P' with binding 'B' denied request: MESSAGE"
+            let policy = status
+                .message
+                .split('\'')
+                .nth(1)
+                .unwrap_or("admission policy");
+            let message = status
+                .message
+                .split_once("denied request: ")
+                .map_or(status.message.as_str(), |(_, m)| m);
+            report(
+                Event::Refused,
+                format!("REFUSED   by the apiserver ({policy}): {message}"),
+            )
+        }
+        Err(e) => report(Event::Failed, format!("FAILED    {what}: {e}")),
+    }
+}
+
+// ---- the demo -----------------------------------------------------------------------------
+
+struct Worker {
+    name: &'static str,
+    child: tokio::process::Child,
+}
+
+impl Worker {
+    fn signal(&self, signal: Signal) -> Result<()> {
+        let pid = self.child.id().ok_or("worker has exited")?;
+        kill(Pid::from_raw(i32::try_from(pid)?), signal)?;
+        Ok(())
+    }
+}
+
+fn spawn_worker(
+    args: &Args,
+    name: &'static str,
+    table: &str,
+    t0: u128,
+    events: mpsc::UnboundedSender<(&'static str, Report)>,
+) -> Result<Worker> {
+    let log = std::fs::File::create(args.log_dir.join(format!("{name}.log")))?;
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--namespace", &args.namespace, "--worker", name])
+        .args(["--table", table, "--t0-ms", &t0.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(report) = serde_json::from_str::<Report>(&line) {
+                let _ = events.send((name, report));
+            }
+        }
+    });
+    Ok(Worker { name, child })
+}
+
+fn say(t0: Instant, who: &str, text: &str) {
+    println!(
+        "  {:>6.2}s  {who:<9} {text}",
+        t0.elapsed().as_secs_f64(),
+        who = who
+    );
+}
+
+async fn demo(args: &Args) -> Result<bool> {
+    let client = Client::try_default().await?;
+    let db = postgres().await?;
+    let table = format!("payouts_{:08x}", rand::random::<u32>());
+    db.batch_execute(&format!(
+        "CREATE TABLE {table} (account BIGINT PRIMARY KEY, paid_by TEXT);
+         INSERT INTO {table} (account) VALUES (42);"
+    ))
+    .await?;
+    FencedTable::new(&table, &["account"])
+        .add_fence_column(&db)
+        .await?;
+    let outcome = play(args, &client, &db, &table).await;
+    // Clean up whatever happened: the lease (its finalizer and binding go with it), the table.
+    let leases: Api<FencedLease> = Api::namespaced(client.clone(), &args.namespace);
+    let _ = leases.delete(LEASE, &DeleteParams::default()).await;
+    let _ = wait_until(Duration::from_secs(20), || async {
+        matches!(leases.get_opt(LEASE).await, Ok(None))
+    })
+    .await;
+    let _ = db.batch_execute(&format!("DROP TABLE {table}")).await;
+    outcome
+}
+
+async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        if Instant::now() > deadline {
+            return Err(format!("timed out after {timeout:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Creates the lease and waits until the apiserver fences its objects.
+async fn set_up(args: &Args, client: &Client) -> Result<()> {
+    let leases: Api<FencedLease> = Api::namespaced(client.clone(), &args.namespace);
+    let lease: FencedLease = serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+        "metadata": {"name": LEASE},
+        "spec": {"leaseDurationSeconds": LEASE_SECONDS, "fenceObjects": true},
+    }))?;
+    leases.create(&PostParams::default(), &lease).await?;
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let binding = binding_name(&args.namespace, LEASE);
+    wait_until(Duration::from_secs(30), || async {
+        matches!(bindings.get_opt(&binding).await, Ok(Some(_)))
+    })
+    .await
+    .map_err(|e| format!("the operator did not create binding {binding}: {e}"))?;
+    // Policies and bindings reach admission through informers: probe with dry runs until a
+    // malformed token is refused and a well-formed one finds the lease as params.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let probe = |token: &str| {
+        let mut cm = config_map("probe", "nobody");
+        cm.labels_mut()
+            .insert("fencing.dev/lease".into(), LEASE.into());
+        cm.annotations_mut()
+            .insert("fencing.dev/token".into(), token.into());
+        cm
+    };
+    wait_until(Duration::from_secs(30), || async {
+        configmaps.create(&dry_run, &probe("x")).await.is_err()
+            && configmaps.create(&dry_run, &probe("0")).await.is_ok()
+    })
+    .await
+    .map_err(|e| {
+        format!("the fence policies are not in force (kubectl apply -f deploy/admission): {e}")
+    })?;
+    Ok(())
+}
+
+async fn play(
+    args: &Args,
+    client: &Client,
+    db: &tokio_postgres::Client,
+    table: &str,
+) -> Result<bool> {
+    set_up(args, client).await?;
+    println!(
+        "Two workers pay account 42's dividend under FencedLease {}/{LEASE} ({LEASE_SECONDS}s lease,\nfenceObjects: true). Each writes the payout to ConfigMap dividend-42-2024q4, a receipt\nConfigMap, and row 42 of PostgreSQL table {table}, stamped with its fencing token.\n",
+        args.namespace
+    );
+    let (t0, t0_ms) = (Instant::now(), epoch_ms());
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let mut a = spawn_worker(args, "worker-a", table, t0_ms, tx.clone())?;
+    let mut b: Option<Worker> = None;
+    let (mut stale_refused, mut stale_accepted, mut fresh_accepted) = (0, 0, 0);
+    let mut paused = false;
+    let deadline = tokio::time::sleep(Duration::from_secs(60));
+    tokio::pin!(deadline);
+    let mut done = 0;
+    while done < 2 {
+        let (who, report) = tokio::select! {
+            event = events.recv() => event.ok_or("the workers stopped reporting")?,
+            () = &mut deadline => return Err("the demo did not finish within 60s".into()),
+        };
+        say(t0, who, &report.text);
+        match (who, report.event) {
+            ("worker-a", Event::Granted) => {
+                b = Some(spawn_worker(args, "worker-b", table, t0_ms, tx.clone())?);
+                say(t0, "demo", "worker-b starts and waits for the lease");
+            }
+            ("worker-a", Event::Paying) => {
+                a.signal(Signal::SIGSTOP)?;
+                paused = true;
+                say(
+                    t0,
+                    "demo",
+                    &format!(
+                        "SIGSTOP worker-a: a stop-the-world pause, longer than its {LEASE_SECONDS}s lease"
+                    ),
+                );
+            }
+            ("worker-b", Event::Done) if paused => {
+                a.signal(Signal::SIGCONT)?;
+                paused = false;
+                say(
+                    t0,
+                    "demo",
+                    "SIGCONT worker-a: it resumes, still sure it holds its token",
+                );
+            }
+            ("worker-a", Event::Accepted) => stale_accepted += 1,
+            ("worker-a", Event::Refused) => stale_refused += 1,
+            ("worker-b", Event::Accepted) => fresh_accepted += 1,
+            (_, Event::Failed) => return Err(format!("{who} failed: {}", report.text).into()),
+            _ => {}
+        }
+        if report.event == Event::Done {
+            done += 1;
+        }
+    }
+    for worker in [Some(&mut a), b.as_mut()].into_iter().flatten() {
+        let status = worker.child.wait().await?;
+        if !status.success() {
+            return Err(format!("{} exited with {status}", worker.name).into());
+        }
+    }
+
+    let row = db
+        .query_one(
+            &format!("SELECT paid_by, fence_token FROM {table} WHERE account = 42"),
+            &[],
+        )
+        .await?;
+    let (paid_by, token): (Option<String>, i64) = (row.get(0), row.get(1));
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    let payout = configmaps.get("dividend-42-2024q4").await?;
+    let cm_paid_by = payout.data.as_ref().and_then(|d| d.get("paidBy").cloned());
+    let a_receipt = configmaps.get_opt("receipt-worker-a").await?.is_some();
+    println!();
+    println!(
+        "Ledger: PostgreSQL row 42 paid by {} (token {token}); ConfigMap paid by {}; worker-a's receipt {}.",
+        paid_by.as_deref().unwrap_or("nobody"),
+        cm_paid_by.as_deref().unwrap_or("nobody"),
+        if a_receipt {
+            "EXISTS"
+        } else {
+            "was never written"
+        }
+    );
+    let ok = stale_refused == 3
+        && stale_accepted == 0
+        && fresh_accepted == 3
+        && paid_by.as_deref() == Some("worker-b")
+        && cm_paid_by.as_deref() == Some("worker-b")
+        && !a_receipt;
+    if ok {
+        println!(
+            "OK: the dividend was paid once. All 3 stale writes of worker-a were refused (2 by the apiserver, 1 by PostgreSQL)."
+        );
+    } else {
+        println!(
+            "FAILED: worker-a's stale writes: {stale_refused} refused, {stale_accepted} accepted; worker-b's writes accepted: {fresh_accepted} of 3."
+        );
+        println!("Worker logs: {}", args.log_dir.display());
+    }
+    Ok(ok)
+}

@@ -1,0 +1,333 @@
+//! The lease rule of the object fence: while a FencedLease has `spec.fenceObjects: true`, the
+//! operator keeps one ValidatingAdmissionPolicyBinding for it, `fenced-lease.<ns>.<lease>`,
+//! which binds policy [`LEASE_POLICY`] (`deploy/admission/fence-policy.yaml`) to the objects
+//! of the lease's namespace labelled `fencing.dev/lease=<lease>`, with the lease itself as
+//! params (`paramRef.name`, `parameterNotFoundAction: Deny`). The apiserver then refuses a
+//! write to such an object whose token is below the lease's `status.fencingToken`.
+//!
+//! A binding is cluster-scoped and cannot be owned by a namespaced lease, so nothing garbage
+//! collects it: the operator deletes it when `fenceObjects` is turned off, when the lease is
+//! deleted (before its finalizer goes), and, after every (re)list of its bindings and every
+//! five minutes, any whose lease the API says is gone. Every step is idempotent and safe if the one before never ran.
+//! The operator's bindings are labelled, and watched into a cache, so that an unchanged lease
+//! costs no API call.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::context::Context;
+use super::error::{Error, Result, timed};
+use crate::api::{FencedLease, LEASE_LABEL};
+use crate::fence::kube::LEASE_POLICY;
+
+/// Field manager of the operator's binding writes.
+const MANAGER: &str = "fenced-lease-operator";
+/// Label naming who manages a binding, and the value the operator sets.
+const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fenced-lease-operator");
+/// Labels naming the lease a binding is for.
+const LEASE_NAMESPACE_LABEL: &str = "fencing.dev/lease-namespace";
+const LEASE_NAME_LABEL: &str = "fencing.dev/lease-name";
+/// How often bindings are checked for a lease that is gone, besides after every (re)list.
+const ORPHAN_SWEEP: Duration = Duration::from_secs(300);
+
+/// Name of the binding of lease `name` in namespace `ns`. Namespace names have no dots, so
+/// the name is unambiguous; it stays under 253 characters (lease names are at most 63).
+pub fn binding_name(ns: &str, name: &str) -> String {
+    format!("fenced-lease.{ns}.{name}")
+}
+
+/// The binding that applies the lease rule of lease `ns/name` to the objects labelled with it.
+pub fn desired_binding(ns: &str, name: &str) -> ValidatingAdmissionPolicyBinding {
+    ValidatingAdmissionPolicyBinding {
+        metadata: ObjectMeta {
+            name: Some(binding_name(ns, name)),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+                (LEASE_NAMESPACE_LABEL.to_string(), ns.to_string()),
+                (LEASE_NAME_LABEL.to_string(), name.to_string()),
+            ])),
+            ..Default::default()
+        },
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: LEASE_POLICY.into(),
+            validation_actions: vec!["Deny".into()],
+            param_ref: Some(ParamRef {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                // A missing lease refuses the write rather than letting it through.
+                parameter_not_found_action: Some("Deny".into()),
+                selector: None,
+            }),
+            match_resources: Some(MatchResources {
+                namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
+                object_selector: Some(selector(LEASE_LABEL, name)),
+                ..Default::default()
+            }),
+        },
+    }
+}
+
+fn selector(key: &str, value: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+        match_expressions: None,
+    }
+}
+
+/// Does `existing` say what `desired` says? (The apiserver adds defaults; they are ignored.)
+fn is_current(
+    existing: &ValidatingAdmissionPolicyBinding,
+    desired: &ValidatingAdmissionPolicyBinding,
+) -> bool {
+    let (have, want) = (&existing.spec, &desired.spec);
+    let selectors = |m: &Option<MatchResources>| {
+        m.as_ref()
+            .map(|m| (m.namespace_selector.clone(), m.object_selector.clone()))
+    };
+    have.policy_name == want.policy_name
+        && have.validation_actions == want.validation_actions
+        && have.param_ref == want.param_ref
+        && selectors(&have.match_resources) == selectors(&want.match_resources)
+        && existing.labels() == desired.labels()
+}
+
+/// The operator's bindings, watched into a cache.
+#[derive(Clone)]
+pub struct FenceBindings {
+    store: Store<ValidatingAdmissionPolicyBinding>,
+}
+
+impl FenceBindings {
+    /// Watches the operator's bindings (only those of `namespace` when the operator watches
+    /// one) until `stop`, and after every (re)list and every five minutes deletes those whose
+    /// lease is gone.
+    pub fn start(
+        client: Client,
+        namespace: Option<String>,
+        api_timeout: Duration,
+        stop: CancellationToken,
+    ) -> Self {
+        let mut labels = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+        if let Some(ns) = &namespace {
+            labels.push_str(&format!(",{LEASE_NAMESPACE_LABEL}={ns}"));
+        }
+        let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+        let (store, writer) = reflector::store();
+        let stream = watcher(api, watcher::Config::default().labels(&labels))
+            .default_backoff()
+            .reflect(writer);
+        let cache = store.clone();
+        tokio::spawn(async move {
+            let stream = stream.take_until(stop.cancelled_owned());
+            futures::pin_mut!(stream);
+            let mut sweep = tokio::time::interval(ORPHAN_SWEEP);
+            sweep.tick().await; // the first tick is immediate; the first list sweeps
+            loop {
+                tokio::select! {
+                    event = stream.next() => match event {
+                        None => break,
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            tokio::spawn(remove_orphans(client.clone(), cache.state(), api_timeout));
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            warn!(watch = "validatingadmissionpolicybindings", error = %e, "watch failed; retrying with backoff")
+                        }
+                    },
+                    _ = sweep.tick() => {
+                        tokio::spawn(remove_orphans(client.clone(), cache.state(), api_timeout));
+                    }
+                }
+            }
+        });
+        FenceBindings { store }
+    }
+
+    fn cached(&self, name: &str) -> Option<Arc<ValidatingAdmissionPolicyBinding>> {
+        self.store.get(&ObjectRef::new(name))
+    }
+}
+
+/// Brings the binding of `lease` in line with its spec: applied while `fenceObjects` is on,
+/// deleted when it is off or the lease is being deleted.
+pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<()> {
+    let ns = lease
+        .namespace()
+        .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
+    let name = lease.name_any();
+    let binding = binding_name(&ns, &name);
+    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
+    let cached = ctx.fence_bindings.cached(&binding);
+    let deleting = lease.metadata.deletion_timestamp.is_some();
+
+    if lease.spec.fence_objects && !deleting {
+        let desired = desired_binding(&ns, &name);
+        if cached.as_deref().is_some_and(|b| is_current(b, &desired)) {
+            return Ok(());
+        }
+        let params = PatchParams::apply(MANAGER).force();
+        timed(
+            "apply fence binding",
+            ctx.api_timeout,
+            api.patch(&binding, &params, &Patch::Apply(&desired)),
+        )
+        .await?;
+        info!(lease = %name, namespace = %ns, binding = %binding, "fence binding applied");
+        if cached.is_none() {
+            warn_if_policy_missing(ctx, lease).await;
+        }
+        return Ok(());
+    }
+
+    // Off, or going away. A lease with the field off has a binding only if the cache shows
+    // one (one it does not show yet goes at the next resync): leases that never fence objects
+    // cost no call, and no RBAC rule. One being deleted with the field on is always asked
+    // for: the cache may not show the binding applied a moment ago.
+    if cached.is_none() && !lease.spec.fence_objects {
+        return Ok(());
+    }
+    match timed(
+        "delete fence binding",
+        ctx.api_timeout,
+        api.delete(&binding, &DeleteParams::default()),
+    )
+    .await
+    {
+        Ok(_) => {
+            info!(lease = %name, namespace = %ns, binding = %binding, "fence binding deleted")
+        }
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// A binding of a policy that is not installed enforces nothing: say so on the lease.
+async fn warn_if_policy_missing(ctx: &Context, lease: &FencedLease) {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(ctx.client.clone());
+    if let Ok(None) = timed(
+        "read fence policy",
+        ctx.api_timeout,
+        policies.get_opt(LEASE_POLICY),
+    )
+    .await
+    {
+        let note = format!(
+            "spec.fenceObjects is on, but ValidatingAdmissionPolicy {LEASE_POLICY} is not installed (deploy/admission/fence-policy.yaml): objects are not fenced by this lease's token"
+        );
+        warn!(lease = %lease.name_any(), "{note}");
+        ctx.event(
+            &lease.object_ref(&()),
+            EventType::Warning,
+            "FencePolicyMissing",
+            "FenceObjects",
+            note,
+        )
+        .await;
+    }
+}
+
+/// Deletes the bindings whose lease the API says does not exist (deleted while no operator
+/// ran its finalizer, say). A binding re-created meanwhile (another UID) is left alone.
+async fn remove_orphans(
+    client: Client,
+    bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
+    api_timeout: Duration,
+) {
+    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    for binding in bindings {
+        let labels = binding.labels();
+        let (Some(ns), Some(name)) = (
+            labels.get(LEASE_NAMESPACE_LABEL),
+            labels.get(LEASE_NAME_LABEL),
+        ) else {
+            continue;
+        };
+        let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
+        match timed("read lease", api_timeout, leases.get_opt(name)).await {
+            Ok(None) => {}
+            Ok(Some(_)) => continue,
+            Err(e) => {
+                warn!(lease = %name, namespace = %ns, error = %e, "cannot check the lease of a fence binding");
+                continue;
+            }
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: binding.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let binding_name = binding.name_any();
+        match timed(
+            "delete fence binding",
+            api_timeout,
+            api.delete(&binding_name, &params),
+        )
+        .await
+        {
+            Ok(_) => {
+                info!(lease = %name, namespace = %ns, binding = %binding_name, "deleted the fence binding of a lease that is gone")
+            }
+            Err(e) if e.is_not_found() || e.is_conflict() => {}
+            Err(e) => {
+                warn!(binding = %binding_name, error = %e, "cannot delete the fence binding of a lease that is gone")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binding_names_the_lease_as_params_and_selects_its_objects() {
+        let b = desired_binding("team-a", "db.migrate");
+        assert_eq!(b.name_any(), "fenced-lease.team-a.db.migrate");
+        let spec = &b.spec;
+        let param = spec.param_ref.as_ref().unwrap();
+        assert_eq!(
+            (param.name.as_deref(), param.namespace.as_deref()),
+            (Some("db.migrate"), Some("team-a"))
+        );
+        assert_eq!(param.parameter_not_found_action.as_deref(), Some("Deny"));
+        let objects = spec
+            .match_resources
+            .as_ref()
+            .unwrap()
+            .object_selector
+            .clone();
+        assert_eq!(
+            objects.unwrap().match_labels.unwrap()[LEASE_LABEL],
+            "db.migrate"
+        );
+    }
+
+    #[test]
+    fn defaults_added_by_the_apiserver_do_not_count_as_a_change() {
+        let desired = desired_binding("ns", "l");
+        let mut stored = desired.clone();
+        let m = stored.spec.match_resources.as_mut().unwrap();
+        m.match_policy = Some("Equivalent".into());
+        assert!(is_current(&stored, &desired));
+        stored.spec.param_ref.as_mut().unwrap().name = Some("other".into());
+        assert!(!is_current(&stored, &desired));
+    }
+}
