@@ -3,15 +3,16 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help test deps lint fmt crds up down
+.PHONY: help test deps lint fmt crds up down chart-sync chart-test
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-test: deps lint ## everything: lint, unit and integration tests against a real control plane
-	@eval "$$(hack/control-plane up)" && $(CARGO) test --locked
+test: deps lint chart-test ## everything: lint, chart, unit and integration tests against a real control plane
+	@eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked
 
 deps: ## Debian packages, Rust components, and the control-plane binaries (cached)
 	@hack/deps
+	@hack/helm build
 
 lint: ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all --check
@@ -22,6 +23,18 @@ fmt: ## format the code
 
 crds: ## regenerate crds/ from the Rust types in src/api/
 	$(CARGO) run --locked --quiet --bin fenced-lease-crdgen -- --dir crds
+
+CHART := charts/fenced-lease
+chart-sync: ## copy crds/, deploy/rbac/ and deploy/admission/ into the chart (tests/chart fails until you do)
+	rm -f $(CHART)/files/crds/*.yaml $(CHART)/files/rbac/*.yaml $(CHART)/files/admission/*.yaml
+	cp crds/*.yaml $(CHART)/files/crds/
+	cp deploy/rbac/operator.yaml deploy/rbac/holder-role.yaml $(CHART)/files/rbac/
+	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
+
+chart-test: ## helm lint, helm template for each supported Kubernetes minor, helm-unittest
+	hack/helm helm lint --strict $(CHART)
+	for v in 1.30.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
+	hack/helm unittest --strict $(CHART)
 
 up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 	@hack/control-plane up
