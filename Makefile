@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help test deps lint fmt crds up down chart-sync chart-test
+.PHONY: help test deps lint fmt crds up down chart-sync chart-test image
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -29,12 +29,15 @@ chart-sync: ## copy crds/, deploy/rbac/ and deploy/admission/ into the chart (te
 	rm -f $(CHART)/files/crds/*.yaml $(CHART)/files/rbac/*.yaml $(CHART)/files/admission/*.yaml
 	cp crds/*.yaml $(CHART)/files/crds/
 	cp deploy/rbac/operator.yaml deploy/rbac/holder-role.yaml $(CHART)/files/rbac/
-	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
+	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then mkdir -p $(CHART)/files/admission && cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
 
 chart-test: ## helm lint, helm template for each supported Kubernetes minor, helm-unittest
 	hack/helm helm lint --strict $(CHART)
 	for v in 1.30.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
 	hack/helm unittest --strict $(CHART)
+
+image: ## the operator's image, FROM scratch, built without a daemon (a release build; not part of test)
+	@hack/image
 
 up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 	@hack/control-plane up
