@@ -469,6 +469,22 @@ fn wait_bindings_in_force(user: &str, checks: &[(&str, &str, Option<&str>)]) {
     }
 }
 
+/// Runs `scenario`; if it fails, says which of `user`'s requests the apiserver refused (a
+/// missing permission shows as a wait that times out).
+async fn explain_failure(user: &str, scenario: impl std::future::Future<Output = ()>) {
+    use futures::FutureExt;
+    if let Err(panic) = std::panic::AssertUnwindSafe(scenario).catch_unwind().await {
+        let refused = audit::forbidden(&audit::requests_by(user));
+        if !refused.is_empty() {
+            panic!(
+                "{user} lacks permissions it needs; refused:\n  {}",
+                refused.join("\n  ")
+            );
+        }
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// Polls the audit log until every permission was used, or the deadline passes; then asserts
 /// that nothing was refused and nothing granted went unused.
 async fn assert_uses_exactly(user: &str, granted: &[audit::Permission]) {
@@ -528,7 +544,7 @@ async fn the_operator_needs_every_permission_the_chart_grants_and_no_other() {
     let kubeconfig = home.service_account_kubeconfig(&sa);
     let op = ChartOperator::start(deployment, &home.name, "operator-0", &kubeconfig);
     op.wait_probes_pass(deployment).await;
-    core_scenario(&work, &home.name, &release.fullname).await;
+    explain_failure(&user, core_scenario(&work, &home.name, &release.fullname)).await;
 
     let granted = audit::granted_to(&home.name, &sa);
     assert!(
@@ -575,23 +591,27 @@ async fn limited_to_a_listed_namespace_the_operator_serves_it_through_role_bindi
     let op = ChartOperator::start(deployment, &home.name, "operator-0", &kubeconfig);
     op.wait_probes_pass(deployment).await;
 
-    create_pod(&work, "p").await;
+    explain_failure(&user, grant_and_release(&work)).await;
+    let refused = audit::forbidden(&audit::requests_by(&user));
+    assert!(refused.is_empty(), "refused:\n  {}", refused.join("\n  "));
+    drop(op);
+}
+
+/// Grant, annotation, release and lease deletion.
+async fn grant_and_release(work: &TestNamespace) {
+    create_pod(work, "p").await;
     work.create_lease("l", 15);
     work.create_claim("a", "l", Some("p")).await;
     work.create_claim("b", "l", None).await;
     let a = wait_for("a granted", WAIT, || work.granted_token("a")).await;
     wait_for("pod p annotated", WAIT, || async {
-        (annotation(&work, "p", "l").await? == a.to_string()).then_some(())
+        (annotation(work, "p", "l").await? == a.to_string()).then_some(())
     })
     .await;
-    delete::<FencedLeaseClaim>(&work, "a").await;
+    delete::<FencedLeaseClaim>(work, "a").await;
     let b = wait_for("b granted", WAIT, || work.granted_token("b")).await;
     assert!(b > a);
     work.delete_lease("l").await;
-
-    let refused = audit::forbidden(&audit::requests_by(&user));
-    assert!(refused.is_empty(), "refused:\n  {}", refused.join("\n  "));
-    drop(op);
 }
 
 #[tokio::test]
