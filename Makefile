@@ -21,8 +21,9 @@ lint: ## rustfmt and clippy, warnings are errors
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-crds: ## regenerate crds/ from the Rust types in src/api/
+crds: ## regenerate crds/ from the Rust types in src/api/ (and the chart's copy)
 	$(CARGO) run --locked --quiet --bin fenced-lease-crdgen -- --dir crds
+	@$(MAKE) --no-print-directory chart-sync
 
 CHART := charts/fenced-lease
 chart-sync: ## copy crds/, deploy/rbac/ and deploy/admission/ into the chart (tests/chart fails until you do)

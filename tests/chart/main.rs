@@ -217,6 +217,36 @@ fn every_file_of_deploy_admission_is_rendered() {
     assert!(disabled.is_empty(), "admissionPolicies.enabled=false: none");
 }
 
+/// deploy/rbac/operator.yaml may hold a second ClusterRole for cluster-scoped objects (admission
+/// policy bindings, say): the chart binds it cluster-wide even when the operator serves listed
+/// namespaces only, since a RoleBinding cannot grant cluster-scoped objects.
+#[test]
+fn another_cluster_role_of_deploy_rbac_is_bound_cluster_wide() {
+    let scratch =
+        std::env::temp_dir().join(format!("fenced-lease-chart-{:08x}", rand::random::<u32>()));
+    run_ok(Command::new("cp").arg("-r").arg(chart_dir()).arg(&scratch));
+    let rbac = scratch.join("files/rbac/operator.yaml");
+    let mut text = std::fs::read_to_string(&rbac).unwrap();
+    text.push_str("---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: fenced-lease-operator-policies\nrules:\n  - apiGroups: [admissionregistration.k8s.io]\n    resources: [validatingadmissionpolicybindings]\n    verbs: [create]\n");
+    std::fs::write(&rbac, text).unwrap();
+    let objects = render_dir(&scratch, "fenced-lease", &["watchNamespaces[0]=team-a"]);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let binding = find(
+        &objects,
+        "ClusterRoleBinding",
+        "fenced-lease-operator-policies",
+    );
+    assert_eq!(binding["roleRef"]["name"], "fenced-lease-operator-policies");
+    assert_eq!(binding["subjects"][0]["name"], "fenced-lease-operator");
+    let watch = find(&objects, "RoleBinding", "fenced-lease-operator-watch");
+    assert_eq!(watch["metadata"]["namespace"], "team-a");
+    assert!(
+        !objects.iter().any(|o| o["kind"] == "ClusterRoleBinding"
+            && o["metadata"]["name"] == "fenced-lease-operator"),
+        "the namespaced ClusterRole is not bound cluster-wide"
+    );
+}
+
 #[tokio::test]
 async fn a_wrong_value_fails_the_install_naming_it() {
     audit::log_path(); // turning the audit log on restarts the apiserver: not mid-test
@@ -241,6 +271,20 @@ async fn a_wrong_value_fails_the_install_naming_it() {
         .output()
         .unwrap();
     assert!(deployments.stdout.is_empty(), "nothing was installed");
+}
+
+/// Creates FencedLease `name` that asks for its objects to be fenced (`spec.fenceObjects`), so
+/// that whatever the operator does for that (per-lease admission policy bindings) needs the
+/// chart's permissions too.
+fn create_fenced_lease(ns: &TestNamespace, name: &str, duration_seconds: i32) {
+    let out = ns.kubectl_apply(&format!(
+        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: {name}\nspec:\n  leaseDurationSeconds: {duration_seconds}\n  fenceObjects: true\n"
+    ));
+    assert!(
+        out.status.success(),
+        "create lease: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Creates a pod that never runs (there is no kubelet), for annotations and pod deletion.
@@ -351,7 +395,7 @@ fn delete_policy(prefix: &str) {
 async fn core_scenario(ns: &TestNamespace, operator_ns: &str, policy_prefix: &str) {
     create_pod(ns, "p").await;
     create_pod(ns, "q").await;
-    ns.create_lease("l", 2);
+    create_fenced_lease(ns, "l", 2);
     ns.create_claim("a", "l", Some("p")).await;
     ns.create_claim("b", "l", None).await;
     ns.create_claim("c", "l", Some("q")).await;
@@ -600,7 +644,7 @@ async fn limited_to_a_listed_namespace_the_operator_serves_it_through_role_bindi
 /// Grant, annotation, release and lease deletion.
 async fn grant_and_release(work: &TestNamespace) {
     create_pod(work, "p").await;
-    work.create_lease("l", 15);
+    create_fenced_lease(work, "l", 15);
     work.create_claim("a", "l", Some("p")).await;
     work.create_claim("b", "l", None).await;
     let a = wait_for("a granted", WAIT, || work.granted_token("a")).await;
