@@ -28,8 +28,8 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Tests that run an operator hold this: a cluster-wide operator would serve the other tests'
-/// leases too.
+/// Tests that run an operator or create leases hold this: a cluster-wide operator would serve
+/// the other tests' leases too.
 static OPERATORS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The `*.yaml` files of a directory: name -> text (none when it does not exist).
@@ -715,6 +715,8 @@ async fn the_holder_cluster_role_is_all_kubectl_fence_needs() {
 
 #[tokio::test]
 async fn install_upgrade_and_uninstall_keep_the_crds_and_the_leases() {
+    // Its lease must not meet another test's cluster-wide operator (a finalizer nobody removes).
+    let _serial = OPERATORS.lock().await;
     audit::log_path(); // turning the audit log on restarts the apiserver: not mid-test
     let home = TestNamespace::new("chart-life").await;
     let release = Release::named(&home.name);
