@@ -3,20 +3,21 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test deps lint fmt crds up down
+.PHONY: help demo test deps lint fmt crds up down chart-sync chart-test image
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
 	@hack/demo
 
-test: deps lint ## everything: lint, unit and integration tests against a real control plane, PostgreSQL and Redis
+test: deps lint chart-test ## everything: lint, chart, unit and integration tests against a real control plane, PostgreSQL and Redis
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
-	eval "$$(hack/datastores up)" && eval "$$(hack/control-plane up)" && $(CARGO) test --locked --all-features; \
+	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 deps: ## Debian packages, Rust components, and the control-plane binaries (cached)
 	@hack/deps
+	@hack/helm build
 
 lint: ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all --check
@@ -26,8 +27,24 @@ lint: ## rustfmt and clippy, warnings are errors
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-crds: ## regenerate crds/ from the Rust types in src/api/
+crds: ## regenerate crds/ from the Rust types in src/api/ (and the chart's copy)
 	$(CARGO) run --locked --quiet --bin fenced-lease-crdgen -- --dir crds
+	@$(MAKE) --no-print-directory chart-sync
+
+CHART := charts/fenced-lease
+chart-sync: ## copy crds/, deploy/rbac/ and deploy/admission/ into the chart (tests/chart fails until you do)
+	rm -f $(CHART)/files/crds/*.yaml $(CHART)/files/rbac/*.yaml $(CHART)/files/admission/*.yaml
+	cp crds/*.yaml $(CHART)/files/crds/
+	cp deploy/rbac/operator.yaml deploy/rbac/holder-role.yaml $(CHART)/files/rbac/
+	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then mkdir -p $(CHART)/files/admission && cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
+
+chart-test: ## helm lint, helm template for each supported Kubernetes minor, helm-unittest
+	hack/helm helm lint --strict $(CHART)
+	for v in 1.30.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
+	hack/helm unittest --strict $(CHART)
+
+image: ## the operator's image, FROM scratch, built without a daemon (a release build; not part of test)
+	@hack/image
 
 up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 	@hack/control-plane up

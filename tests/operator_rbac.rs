@@ -51,6 +51,9 @@ async fn operator_works_with_only_its_documented_role() {
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: fenced-lease-operator-{ns}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: fenced-lease-operator}}\n\
          subjects: [{{kind: ServiceAccount, name: operator, namespace: {ns}}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: fenced-lease-operator-fences-{ns}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: fenced-lease-operator-fences}}\n\
+         subjects: [{{kind: ServiceAccount, name: operator, namespace: {ns}}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: fenced-lease-operator\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: fenced-lease-operator}}\n\
          subjects: [{{kind: ServiceAccount, name: operator, namespace: {ns}}}]\n",
