@@ -65,6 +65,14 @@ impl Error {
         matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 422)
     }
 
+    /// Is this the refusal of a write whose `metadata.uid` precondition names another
+    /// object than the one stored under that name (a replacement)?
+    pub fn is_uid_mismatch(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(e))
+            if (e.code == 422 && e.message.contains("metadata.uid"))
+                || (e.code == 409 && e.message.contains("UID")))
+    }
+
     /// Is this a 404 Not Found?
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 404)

@@ -22,7 +22,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicyBindingSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -36,7 +36,6 @@ use crate::api::{FencedLease, LEASE_LABEL};
 use crate::fence::kube::LEASE_POLICY;
 
 /// Field manager of the operator's binding writes.
-const MANAGER: &str = "fenced-lease-operator";
 /// Label naming who manages a binding, and the value the operator sets.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fenced-lease-operator");
 /// Labels naming the lease a binding is for.
@@ -115,11 +114,13 @@ pub struct FenceBindings {
 impl FenceBindings {
     /// Watches the operator's bindings (only those of `namespace` when the operator watches
     /// one) until `stop`, and after every (re)list and every five minutes deletes those whose
-    /// lease is gone.
+    /// lease is gone. A binding changed or deleted by someone else sends its lease to
+    /// `triggers`, whose reconcile puts it back.
     pub fn start(
         client: Client,
         namespace: Option<String>,
         api_timeout: Duration,
+        triggers: tokio::sync::mpsc::UnboundedSender<ObjectRef<FencedLease>>,
         stop: CancellationToken,
     ) -> Self {
         let mut labels = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
@@ -143,6 +144,14 @@ impl FenceBindings {
                         None => break,
                         Some(Ok(watcher::Event::InitDone)) => {
                             tokio::spawn(remove_orphans(client.clone(), cache.state(), api_timeout));
+                        }
+                        Some(Ok(watcher::Event::Apply(b) | watcher::Event::Delete(b))) => {
+                            let labels = b.labels();
+                            if let (Some(ns), Some(lease)) =
+                                (labels.get(LEASE_NAMESPACE_LABEL), labels.get(LEASE_NAME_LABEL))
+                            {
+                                let _ = triggers.send(ObjectRef::new(lease).within(ns));
+                            }
                         }
                         Some(Ok(_)) => {}
                         Some(Err(e)) => {
@@ -180,13 +189,30 @@ pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<()> {
         if cached.as_deref().is_some_and(|b| is_current(b, &desired)) {
             return Ok(());
         }
-        let params = PatchParams::apply(MANAGER).force();
-        timed(
-            "apply fence binding",
-            ctx.api_timeout,
-            api.patch(&binding, &params, &Patch::Apply(&desired)),
-        )
-        .await?;
+        // The operator owns the whole binding: created, and put back whole (a replace on the
+        // resourceVersion it read, not a merge that would keep someone else's list items)
+        // when edited by hand. A binding the API has but the cache has not seen yet makes
+        // the create 409: the watch brings it, and the lease is reconciled again.
+        match &cached {
+            None => timed(
+                "create fence binding",
+                ctx.api_timeout,
+                api.create(&PostParams::default(), &desired),
+            )
+            .await
+            .map(drop),
+            Some(current) => {
+                let mut next = desired;
+                next.metadata.resource_version = current.metadata.resource_version.clone();
+                timed(
+                    "restore fence binding",
+                    ctx.api_timeout,
+                    api.replace(&binding, &PostParams::default(), &next),
+                )
+                .await
+                .map(drop)
+            }
+        }?;
         info!(lease = %name, namespace = %ns, binding = %binding, "fence binding applied");
         if cached.is_none() {
             warn_if_policy_missing(ctx, lease).await;

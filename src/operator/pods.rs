@@ -171,8 +171,9 @@ pub async fn set_annotation(
     {
         Ok(_) => Ok(()),
         // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of
-        // another UID, which the precondition kept us from writing.
-        Err(e) if e.is_not_found() || e.is_conflict() || e.is_invalid() => Ok(()),
+        // another UID, which the precondition kept us from writing ("metadata.uid: field is
+        // immutable"). Any other refusal (an admission policy, say) is an error.
+        Err(e) if e.is_not_found() || e.is_uid_mismatch() => Ok(()),
         Err(e) => Err(e),
     }
 }

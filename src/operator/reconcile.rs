@@ -55,7 +55,8 @@ fn failure_key(lease: &FencedLease) -> String {
 }
 
 /// Failed reconciles are retried with exponential backoff; the error is counted, logged,
-/// and reported by one Warning Event per cause (not per retry).
+/// and reported by a Warning Event when its cause is new, and again at the 2nd, 4th, 8th...
+/// failure in a row (an Event series whose count shows it goes on), never once per retry.
 pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(error.metric_label());
     let (attempt, new_cause) = ctx
@@ -66,7 +67,7 @@ pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -
         tracing::debug!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile conflicted");
     } else {
         warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, attempt, "reconcile failed");
-        if new_cause {
+        if new_cause || attempt.is_power_of_two() {
             let ctx = ctx.clone();
             let reference = lease.object_ref(&());
             let note = format!("{error}");

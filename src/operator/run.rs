@@ -250,6 +250,7 @@ pub async fn run(
             // Heartbeats may have been missed: every claim gets a full term, as after a restart.
             .inspect_err(move |_| on_error.restart_all(Instant::now()));
 
+    let binding_triggers = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
     let (by_pod, by_annotation, pod_cache) = (
@@ -296,6 +297,7 @@ pub async fn run(
             client.clone(),
             ns.clone(),
             settings.api_timeout,
+            binding_triggers,
             stop.clone(),
         ),
     });

@@ -399,9 +399,42 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     ns.create_claim("a", "l", Some("p")).await;
     ns.create_claim("b", "l", None).await;
     ns.create_claim("c", "l", Some("q")).await;
+    // c waits like a live candidate: a waiter silent for a lease duration is skipped.
+    let _c_beats = ns.keep_beating("c", Duration::from_millis(500));
     let a = wait_for("a granted", WAIT, || ns.granted_token("a")).await;
     wait_for("pod p annotated with a's token", WAIT, || async {
         (annotation(ns, "p", "l").await? == a.to_string()).then_some(())
+    })
+    .await;
+
+    // The lease's admission binding, edited by hand, is put back.
+    let binding = format!("fenced-lease.{}.l", ns.name);
+    let actions = || {
+        let out = common::control_plane()
+            .kubectl_cmd()
+            .args(["get", "validatingadmissionpolicybinding", &binding])
+            .args(["-o", "jsonpath={.spec.validationActions}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    wait_for("the lease's binding", WAIT, || async {
+        actions().contains("Deny").then_some(())
+    })
+    .await;
+    run_ok(
+        common::control_plane()
+            .kubectl_cmd()
+            .args(["patch", "validatingadmissionpolicybinding", &binding])
+            .args([
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"validationActions":["Warn"]}}"#,
+            ]),
+    );
+    wait_for("the binding put back", WAIT, || async {
+        actions().contains("Deny").then_some(())
     })
     .await;
 
@@ -558,7 +591,11 @@ async fn the_operator_needs_every_permission_the_chart_grants_and_no_other() {
     audit::log_path();
     let home = TestNamespace::new("chart-op").await;
     let work = TestNamespace::new("chart-op-work").await;
-    let release = Release::install(&home.name, &["crds.enabled=false"]);
+    // The harness applied crds/ and deploy/admission/ with kubectl already.
+    let release = Release::install(
+        &home.name,
+        &["crds.enabled=false", "admissionPolicies.enabled=false"],
+    );
     let manifest = release.manifest();
     let deployment = find(&manifest, "Deployment", &release.object("operator"));
     let sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
@@ -599,6 +636,7 @@ async fn limited_to_a_listed_namespace_the_operator_serves_it_through_role_bindi
         &home.name,
         &[
             "crds.enabled=false",
+            "admissionPolicies.enabled=false",
             &format!("watchNamespaces[0]={}", work.name),
         ],
     );
@@ -606,11 +644,13 @@ async fn limited_to_a_listed_namespace_the_operator_serves_it_through_role_bindi
     let deployment = find(&manifest, "Deployment", &release.object("operator"));
     let sa = release.object("operator");
     let granted = audit::granted_to(&home.name, &sa);
+    // Cluster-wide only what is cluster-scoped: the admission bindings of fenced leases.
     assert!(
-        granted
-            .iter()
-            .all(|p| [Some(&home.name), Some(&work.name)].contains(&p.namespace.as_ref())),
-        "nothing cluster-wide, only the two namespaces:\n{}",
+        granted.iter().all(|p| {
+            [Some(&home.name), Some(&work.name)].contains(&p.namespace.as_ref())
+                || p.group == "admissionregistration.k8s.io"
+        }),
+        "nothing namespaced cluster-wide, only the two namespaces:\n{}",
         audit::table(&granted)
     );
     let user = audit::service_account_user(&home.name, &sa);
@@ -654,7 +694,11 @@ async fn the_holder_cluster_role_is_all_kubectl_fence_needs() {
     audit::log_path();
     let home = TestNamespace::new("chart-holder").await;
     let work = TestNamespace::new("chart-holder-work").await;
-    let release = Release::install(&home.name, &["crds.enabled=false"]);
+    // The harness applied crds/ and deploy/admission/ with kubectl already.
+    let release = Release::install(
+        &home.name,
+        &["crds.enabled=false", "admissionPolicies.enabled=false"],
+    );
     let _operator = OperatorProcess::start(&work.name, &[]);
 
     // What the README and NOTES tell a user to do.
@@ -720,9 +764,9 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_leases() {
     audit::log_path(); // turning the audit log on restarts the apiserver: not mid-test
     let home = TestNamespace::new("chart-life").await;
     let release = Release::named(&home.name);
-    // The CRDs exist already (the test harness applied crds/ with kubectl): the chart takes
-    // them over, as after an install by hand.
-    let out = release.try_install_with(&["--take-ownership"], &[]);
+    // The CRDs and admission policies exist already (the test harness applied crds/ and
+    // deploy/admission/ with kubectl): the chart takes them over, as after an install by hand.
+    let out = release.try_install_with(&["--take-ownership", "--force-conflicts"], &[]);
     assert!(
         out.status.success(),
         "helm install: {}",
@@ -808,6 +852,9 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_leases() {
     assert!(gone(&["get", "clusterrole", &release.object("holder")]));
     get(&["get", "crd", "fencedleases.fencing.dev"]);
     get(&["get", "fencedlease", "kept", "-n", &home.name]);
+    // The release took over the admission policies the harness applied, and took them with
+    // it: apply them again for the tests that follow.
+    common::control_plane().install_crds();
 }
 
 #[tokio::test]
