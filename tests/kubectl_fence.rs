@@ -59,7 +59,7 @@ async fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitSta
 }
 
 #[tokio::test]
-async fn two_runs_on_one_lease_take_turns_with_consecutive_tokens() {
+async fn two_runs_on_one_lease_take_turns_with_growing_tokens() {
     let ns = TestNamespace::new("fence-run").await;
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db-migrate", 5);
@@ -91,18 +91,21 @@ async fn two_runs_on_one_lease_take_turns_with_consecutive_tokens() {
 
     let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
     assert_eq!(lines.len(), 4, "{lines:?}");
-    let token: i64 = lines[0]
-        .split_whitespace()
-        .nth(1)
-        .and_then(|t| t.parse().ok())
-        .expect("token");
+    let token_of = |line: &str| -> i64 {
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .expect("token")
+    };
+    let (first_token, second_token) = (token_of(&lines[0]), token_of(&lines[2]));
+    assert!(second_token > first_token, "{lines:?}");
     assert_eq!(
         lines,
         [
-            format!("start {token} first"),
-            format!("end {token} first"),
-            format!("start {} second", token + 1),
-            format!("end {} second", token + 1),
+            format!("start {first_token} first"),
+            format!("end {first_token} first"),
+            format!("start {second_token} second"),
+            format!("end {second_token} second"),
         ],
         "the runs overlapped or were out of order"
     );
@@ -156,7 +159,8 @@ async fn a_stopped_holder_is_replaced_and_its_command_stopped_when_it_resumes() 
         "{}",
         String::from_utf8_lossy(&next.stderr)
     );
-    assert_eq!(stdout(&next).trim(), (token + 1).to_string());
+    let next_token: i64 = stdout(&next).trim().parse().expect("token");
+    assert!(next_token > token, "{next_token} after {token}");
     eprintln!("MEASURED stopped holder replaced after {replaced_after:?} (lease 2s)");
 
     assert!(
@@ -201,7 +205,14 @@ async fn acquire_prints_the_token_and_release_frees_the_lease() {
         .trim()
         .parse()
         .expect("acquire prints the token");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("kubectl fence release db"));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // It says how to release exactly this claim.
+    let claim = stderr
+        .split("`kubectl fence release db ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no release hint: {stderr}"))
+        .to_string();
 
     let out = fence(&ns).args(["status", "db"]).output().expect("status");
     let text = stdout(&out);
@@ -223,7 +234,7 @@ async fn acquire_prints_the_token_and_release_frees_the_lease() {
     assert!(started.elapsed() < Duration::from_secs(5));
 
     let out = fence(&ns)
-        .args(["release", "db", "--identity", "script"])
+        .args(["release", "db", &claim])
         .output()
         .expect("release");
     assert!(
