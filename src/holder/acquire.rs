@@ -66,10 +66,6 @@ pub async fn acquire(
     }
     let timing =
         Timing::new(spec_duration, options.margin).with_call_timeout(options.request_timeout);
-    if budget.once && is_taken(&found) {
-        tracing::info!(lease, "held or awaited by others: not queueing (no wait)");
-        return Err(budget.timed_out());
-    }
 
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), namespace);
     loop {
@@ -156,14 +152,6 @@ pub async fn acquire(
             }
         }
     }
-}
-
-/// Held, or others are queued first: a claim would not be granted now.
-fn is_taken(lease: &FencedLease) -> bool {
-    lease
-        .status
-        .as_ref()
-        .is_some_and(|s| s.holder.is_some() || s.waiting > 0)
 }
 
 async fn sleep_until(at: Option<Instant>) {

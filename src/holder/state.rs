@@ -119,16 +119,12 @@ impl Tracker {
         matches!(self.state, HoldState::Holding { .. })
     }
 
-    /// Whether the operator has answered this claim: granted it, queued it, or the lease is
-    /// held by another claim (so it cannot be granted now).
+    /// Whether the operator has answered this claim: granted it or queued it. (Not the
+    /// lease's holder: right after a release the lease may still name the holder that is
+    /// going, and this claim is next.)
     pub fn answered(&self) -> bool {
         match &self.state {
-            HoldState::Waiting { queue_position } => {
-                queue_position.is_some()
-                    || self.lease.as_ref().is_some_and(|l| {
-                        l.holder_claim.is_some() && l.holder_claim.as_deref() != Some(&self.claim)
-                    })
-            }
+            HoldState::Waiting { queue_position } => queue_position.is_some(),
             _ => true,
         }
     }
@@ -499,11 +495,11 @@ mod tests {
         assert!(t.answered());
         assert!(!t.observe_claim(&pending(3), t0));
 
-        // A lease held by another claim is an answer too: this claim cannot be granted now.
+        // The lease naming another holder is no answer: it may be on its way out.
         let mut t = tracker(t0);
-        t.observe_lease(Some(&lease(None, 3)), t0);
-        assert!(!t.answered());
         t.observe_lease(Some(&lease(Some("db-other"), 4)), t0);
+        assert!(!t.answered());
+        t.observe_lease(Some(&lease(Some(ME), 5)), t0);
         assert!(t.answered());
     }
 

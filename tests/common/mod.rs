@@ -6,7 +6,9 @@
 //! `hack/control-plane up` (idempotent, so every test binary shares it).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod fence;
 pub mod operator;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -307,6 +309,11 @@ impl TestNamespace {
     /// The admin kubeconfig path, for child processes.
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.cp.kubeconfig
+    }
+
+    /// The admin client configuration.
+    pub async fn client_config(&self) -> Config {
+        self.cp.admin_config().await
     }
 
     /// Creates ServiceAccount `name`, bound to the holder Role of deploy/rbac/holder-role.yaml
