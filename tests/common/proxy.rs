@@ -4,8 +4,9 @@
 //! untouched (the apiserver's certificate is for 127.0.0.1).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kube::Client;
 use kube::config::Kubeconfig;
@@ -18,6 +19,8 @@ pub struct Proxy {
     pub port: u16,
     upstream: u16,
     cut: Arc<AtomicBool>,
+    /// Milliseconds a new connection waits before it is passed on.
+    delay_ms: Arc<AtomicU64>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
     accept: AbortHandle,
 }
@@ -34,9 +37,10 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let cut = Arc::new(AtomicBool::new(false));
+        let delay_ms = Arc::new(AtomicU64::new(0));
         let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = tokio::spawn({
-            let (cut, connections) = (cut.clone(), connections.clone());
+            let (cut, delay_ms, connections) = (cut.clone(), delay_ms.clone(), connections.clone());
             async move {
                 loop {
                     let Ok((mut client, _)) = listener.accept().await else {
@@ -46,7 +50,9 @@ impl Proxy {
                         drop(client);
                         continue;
                     }
+                    let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
                     let task = tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
                         if let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await {
                             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                         }
@@ -60,9 +66,18 @@ impl Proxy {
             port,
             upstream,
             cut,
+            delay_ms,
             connections,
             accept,
         }
+    }
+
+    /// New connections are passed on only after `delay` (a slow network).
+    pub fn delay_new_connections(&self, delay: Duration) {
+        self.delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
     }
 
     /// Drops every connection and refuses new ones, until [`heal`](Self::heal).
