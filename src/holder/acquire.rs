@@ -224,7 +224,12 @@ impl Budget {
         if self.give_up.is_some_and(|at| Instant::now() + pause >= at) {
             return Err(error);
         }
-        tracing::warn!(lease = %self.lease, error = %report(&error), attempt, ?pause, "API request failed; retrying");
+        // Once per outage at WARN; the retries that follow at DEBUG.
+        if attempt == 1 {
+            tracing::warn!(lease = %self.lease, error = %report(&error), ?pause, "API request failed; retrying until the wait is over");
+        } else {
+            tracing::debug!(lease = %self.lease, error = %report(&error), attempt, ?pause, "API request failed; retrying");
+        }
         tokio::select! {
             _ = tokio::time::sleep(pause) => Ok(()),
             _ = self.cancel.cancelled() => Err(self.cancelled()),

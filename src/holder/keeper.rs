@@ -311,7 +311,12 @@ async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
         let pause = timing
             .retry_after(failures, rand::random::<f64>())
             .max(asked);
-        tracing::warn!(lease = %shared.lease, claim = %shared.claim, error = %report(&error), failures, ?pause, "heartbeat failed; retrying");
+        // Once per outage at WARN; the retries that follow at DEBUG.
+        if failures == 1 {
+            tracing::warn!(lease = %shared.lease, claim = %shared.claim, error = %report(&error), ?pause, "heartbeat failed; retrying");
+        } else {
+            tracing::debug!(lease = %shared.lease, claim = %shared.claim, error = %report(&error), failures, ?pause, "heartbeat failed; retrying");
+        }
         next = tokio::time::Instant::now() + pause;
     }
 }
@@ -365,11 +370,15 @@ fn watch_backoff() -> WatchBackoff {
 async fn watch_claim(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
     let events = watch_object(api, &shared.claim).backoff(watch_backoff());
     let mut events = std::pin::pin!(events);
+    let mut failing = false;
     loop {
         let event = tokio::select! {
             _ = shared.stop.cancelled() => return,
             e = events.next() => e,
         };
+        if matches!(event, Some(Ok(_))) {
+            failing = false;
+        }
         match event {
             Some(Ok(Some(claim))) => {
                 let view = ClaimView::from(&claim);
@@ -380,7 +389,13 @@ async fn watch_claim(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
                 return;
             }
             Some(Err(error)) => {
-                tracing::warn!(claim = %shared.claim, error = %report(&error), "watch on claim failed; retrying")
+                if !failing {
+                    tracing::warn!(claim = %shared.claim, error = %report(&error), "watch on claim failed; retrying");
+                } else {
+                    tracing::debug!(claim = %shared.claim, error = %report(&error), "watch on claim failed; retrying");
+                }
+                failing = true;
+                continue;
             }
             None => return,
         }
@@ -392,18 +407,28 @@ async fn watch_claim(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
 async fn watch_lease(shared: Arc<Shared>, api: Api<FencedLease>) {
     let events = watch_object(api, &shared.lease).backoff(watch_backoff());
     let mut events = std::pin::pin!(events);
+    let mut failing = false;
     loop {
         let event = tokio::select! {
             _ = shared.stop.cancelled() => return,
             e = events.next() => e,
         };
+        if matches!(event, Some(Ok(_))) {
+            failing = false;
+        }
         match event {
             Some(Ok(lease)) => {
                 let view = lease.as_ref().map(LeaseView::from);
                 shared.update(|t| t.observe_lease(view.as_ref(), BootInstant::now()));
             }
             Some(Err(error)) => {
-                tracing::warn!(lease = %shared.lease, error = %report(&error), "watch on lease failed; retrying")
+                if !failing {
+                    tracing::warn!(lease = %shared.lease, error = %report(&error), "watch on lease failed; retrying");
+                } else {
+                    tracing::debug!(lease = %shared.lease, error = %report(&error), "watch on lease failed; retrying");
+                }
+                failing = true;
+                continue;
             }
             None => return,
         }

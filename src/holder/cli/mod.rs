@@ -53,7 +53,7 @@ Environment:
   POD_NAMESPACE   that pod's namespace (else read from the ServiceAccount mount,
                   /var/run/secrets/kubernetes.io/serviceaccount/namespace); a pod in
                   another namespace than the lease is not named
-  RUST_LOG        log level and filters (default warn), logs go to stderr"
+  RUST_LOG        log level and filters (default warn,kube_client=off), logs go to stderr"
     };
 }
 
@@ -315,7 +315,8 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // kube's client logs each failed request too; ours say it once per outage.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_client=off")),
         )
         .init();
     // Before any thread starts, so that all inherit it.
