@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let now = changes.borrow_and_update().clone();
             match now.leading {
                 Some(token) => tracing::info!(token, "this replica leads"),
-                None => tracing::info!(leader = ?now.leader, "this replica does not lead"),
+                None => tracing::info!(leader = ?now.leader, "the lease names a leader"),
             }
         }
     });
