@@ -104,8 +104,13 @@ pub async fn acquire(
                     tracing::info!(lease, claim = %keeper.shared.claim, token, waited_ms = budget.started.elapsed().as_millis(), "lease granted");
                     return Ok(LeaseGuard::new(keeper));
                 }
-                HoldState::Lost { reason, .. } if reason.is_stall() => {
-                    tracing::warn!(lease, claim = %keeper.shared.claim, %reason, "queued claim expired; queueing a fresh one");
+                // Expired while queued, or granted and replaced while its heartbeats could not
+                // get through: queue again.
+                HoldState::Lost {
+                    reason,
+                    token: None,
+                } if reason.is_stall() || matches!(reason, LostReason::Superseded { .. }) => {
+                    tracing::warn!(lease, claim = %keeper.shared.claim, %reason, "queued claim is over; queueing a fresh one");
                     discard(keeper, reason).await;
                     if budget.over() {
                         return Err(budget.timed_out());

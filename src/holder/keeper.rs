@@ -133,7 +133,11 @@ impl Keeper {
         });
         let api: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), &created.namespace);
         tracing::debug!(lease = %shared.lease, claim = %shared.claim, identity = %shared.identity, "keeping claim");
-        tokio::spawn(heartbeat(shared.clone(), api.clone()));
+        tokio::spawn(heartbeat(
+            shared.clone(),
+            api.clone(),
+            Api::namespaced(client.clone(), &created.namespace),
+        ));
         tokio::spawn(watch_claim(shared.clone(), api.clone()));
         tokio::spawn(watch_lease(
             shared.clone(),
@@ -240,7 +244,12 @@ async fn delete_claim(
 /// failures with jittered backoff (or the apiserver's Retry-After); never waits for an answer
 /// past the deadline while holding. A refusal that cannot change by waiting ends the claim at
 /// once: 404 (deleted), 403 (forbidden), 422 from the final-phase rule (expired or revoked).
-async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
+///
+/// A waiting claim whose heartbeats did not get through for longer than its deadline may
+/// have been granted, expired and replaced meanwhile. The first heartbeat accepted after
+/// such a gap is therefore counted together with a fresh read of the lease made after it:
+/// a grant older than what the lease says then is not believed, whichever operator runs.
+async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>, leases: Api<FencedLease>) {
     let mut next = tokio::time::Instant::now() + shared.timing().renew_every;
     let mut failures = 0u32;
     loop {
@@ -275,12 +284,25 @@ async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
             r = timeout(budget, call) => r,
         };
         let received = BootInstant::now();
+        let gap = !holding && sent >= deadline;
+        let result = match result {
+            Ok(Ok(claim)) if gap => match read_lease(&leases, &shared.lease, timing).await {
+                Ok(lease) => Ok(Ok((claim, Some(lease)))),
+                Err(error) => Ok(Err(error)),
+            },
+            Ok(Ok(claim)) => Ok(Ok((claim, None))),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(elapsed) => Err(elapsed),
+        };
         let error = match result {
-            Ok(Ok(claim)) => {
+            Ok(Ok((claim, lease))) => {
                 if failures > 0 {
                     tracing::info!(lease = %shared.lease, claim = %shared.claim, failures, "heartbeat accepted again");
                 }
-                shared.update(|t| t.heartbeat_ok(sent, received, &ClaimView::from(&claim)));
+                shared.update(|t| {
+                    let seen = lease.is_some_and(|l| t.observe_lease(l.as_ref(), received));
+                    t.heartbeat_ok(sent, received, &ClaimView::from(&claim)) || seen
+                });
                 failures = 0;
                 next = sent_at + shared.timing().renew_every;
                 continue;
@@ -318,6 +340,24 @@ async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
             tracing::debug!(lease = %shared.lease, claim = %shared.claim, error = %report(&error), failures, ?pause, "heartbeat failed; retrying");
         }
         next = tokio::time::Instant::now() + pause;
+    }
+}
+
+/// The lease as it is now (`None`: deleted).
+async fn read_lease(
+    leases: &Api<FencedLease>,
+    lease: &str,
+    timing: Timing,
+) -> Result<Option<LeaseView>, kube::Error> {
+    match timeout(timing.call_timeout, leases.get_opt(lease)).await {
+        Ok(read) => read.map(|found| found.as_ref().map(LeaseView::from)),
+        Err(_) => Err(kube::Error::Service(
+            format!(
+                "no answer within {}",
+                humantime::format_duration(timing.call_timeout)
+            )
+            .into(),
+        )),
     }
 }
 
