@@ -7,18 +7,21 @@
 //! $ kubectl apply -f - <<< '{"apiVersion":"fencing.dev/v1alpha1","kind":"FencedLease","metadata":{"name":"batch"},"spec":{"fenceObjects":true}}'
 //! $ cargo run --example batch-controller -- --lease batch --batches 5
 //! ```
-//! Run two: one leads, the other waits; stop the leader and the other takes over with a
-//! larger token.
+//! Run two: one leads, the other waits; stop the leader (Ctrl-C, or SIGTERM as a rolling
+//! update sends) and it releases the lease at once: the other takes over with a larger token.
+//! A leader that loses the lease (its heartbeats stop getting through) stops writing and
+//! campaigns again; it never exits for that.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Parser;
 use fenced_lease::api::{LEASE_LABEL, TOKEN_ANNOTATION};
-use fenced_lease::holder::{AcquireOptions, ElectOptions, LeaseHandle, elect};
+use fenced_lease::holder::{ElectOptions, Leadership, LeaseHandle, elect};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -29,13 +32,15 @@ struct Args {
     /// The FencedLease to lead by.
     #[arg(long, default_value = "batch-controller")]
     lease: String,
-    /// Identity of this replica (default: $POD_NAME, else the hostname).
+    /// Identity of this replica (default: $POD_NAME, else the hostname, with a random
+    /// suffix: unique per process).
     #[arg(long)]
     identity: Option<String>,
     /// Time between batches.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     interval: Duration,
-    /// Step down after this many batches (0: lead until stopped).
+    /// Stop (release the lease and exit) after this many batches in a term (0: run until
+    /// stopped).
     #[arg(long, default_value_t = 0)]
     batches: u64,
 }
@@ -49,20 +54,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let args = Args::parse();
     let client = Client::try_default().await?;
+    // SIGTERM (a rolling update, `kubectl delete pod`) and Ctrl-C end the election: the
+    // leader releases the lease at once instead of making the next one wait for expiry.
     let shutdown = CancellationToken::new();
-    let on_ctrl_c = shutdown.clone();
+    let mut terminate = signal(SignalKind::terminate())?;
+    let on_signal = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        on_ctrl_c.cancel();
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: releasing the lease"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: releasing the lease"),
+        }
+        on_signal.cancel();
     });
 
-    let options = ElectOptions {
-        acquire: AcquireOptions {
-            identity: args.identity.clone(),
-            ..Default::default()
-        },
-        shutdown,
-    };
+    let (leadership, mut changes) = tokio::sync::watch::channel(Leadership::default());
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let now = changes.borrow_and_update().clone();
+            match now.leading {
+                Some(token) => tracing::info!(token, "this replica leads"),
+                None => tracing::info!(leader = ?now.leader, "the lease names a leader"),
+            }
+        }
+    });
+    let mut options = ElectOptions::new(shutdown.clone()).leadership(leadership);
+    if let Some(identity) = &args.identity {
+        options = options.identity(identity.clone());
+    }
     elect(
         client.clone(),
         &args.namespace,
@@ -70,10 +88,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         options,
         |leader| {
             let (client, interval, batches) = (client.clone(), args.interval, args.batches);
+            let shutdown = shutdown.clone();
             async move {
-                if let Err(error) = lead(client, &leader, interval, batches).await {
-                    tracing::warn!(%error, "stopped leading");
-                }
+                lead(client, &leader, interval, batches).await?;
+                // Done with its batches: stop the whole program (elect releases the lease).
+                shutdown.cancel();
+                Ok::<(), Box<dyn std::error::Error>>(())
             }
         },
     )
@@ -81,7 +101,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// One term as leader: write a batch result per interval, each stamped with the token.
+/// One term as leader: write a batch result per interval, each stamped with the token. An
+/// error ends the term (elect logs it and campaigns again); so does the lease's loss.
 async fn lead(
     client: Client,
     leader: &LeaseHandle,

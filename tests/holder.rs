@@ -78,7 +78,7 @@ async fn i4_grant_comes_by_watch_and_release_on_drop_hands_over_at_once() {
     let second = second.expect("second acquires");
     let handover = granted_at - released_at;
     eprintln!("MEASURED release-on-drop -> next holder granted (via watch): {handover:?}");
-    assert_eq!(second.token().expect("second holds"), token + 1);
+    assert!(second.token().expect("second holds") > token);
     assert!(
         handover < Duration::from_millis(700),
         "handover took {handover:?}"
@@ -161,7 +161,7 @@ async fn a_deleted_claim_is_lost_at_once_and_the_next_holder_gets_the_next_token
     let next = acquire(client, &ns.name, "db", options("next"))
         .await
         .expect("next acquires");
-    assert_eq!(next.token().expect("held"), token + 1);
+    assert!(next.token().expect("held") > token);
 }
 
 /// A holder whose heartbeats are refused (its RoleBinding removed: a partition of sorts)
@@ -200,7 +200,7 @@ async fn i6_a_holder_whose_heartbeats_fail_loses_before_anyone_else_is_granted()
     assert!(!guard.is_held());
     let (next, granted_at) = waiter.await.expect("join");
     let next = next.expect("next acquires");
-    assert_eq!(next.token().expect("held"), token + 1);
+    assert!(next.token().expect("held") > token);
     eprintln!(
         "MEASURED lost() ({reason}) fired {:?} before the operator granted the next holder",
         granted_at.saturating_duration_since(lost_at)
@@ -288,7 +288,7 @@ async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
         "MEASURED paused holder replaced after {:?} (lease 2s)",
         stopped_at.elapsed()
     );
-    assert_eq!(next.token().expect("held"), token + 1);
+    assert!(next.token().expect("held") > token);
 
     // Drain what the child printed before it stopped.
     while lines.try_recv().is_ok() {}

@@ -1,77 +1,120 @@
-//! Taking a lease: check that it exists, queue a fresh claim, and learn of the grant from a
-//! watch (not by polling).
+//! Taking a lease: read it (it must exist), queue a claim under a name of our own, and learn
+//! of the grant from a watch (not by polling). Transient API errors are retried with jittered
+//! backoff within the wait, keeping the same claim and its place in the queue.
 
-use std::future::pending;
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::Api;
-use tokio::time::{sleep_until, timeout};
+use kube::api::{Api, DeleteParams, PostParams};
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
 
-use super::error::{Error, LostReason};
+use super::claim::{claim_name, new_claim};
+use super::clock::BootInstant;
+use super::error::{Error, LostReason, report};
 use super::guard::LeaseGuard;
-use super::keeper::Keeper;
+use super::keeper::{Created, Keeper};
 use super::options::{AcquireOptions, PodRef, Timing, default_identity};
 use super::state::HoldState;
-use crate::api::FencedLease;
+use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
 
-/// Longest wait for the first read of the lease.
-const LEASE_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Waits until `lease` in `namespace` is granted to a fresh claim of this holder, and returns
-/// the guard that keeps it. On timeout or cancellation the claim is withdrawn.
+/// Waits until `lease` in `namespace` is granted to a claim of this holder, and returns the
+/// guard that keeps it. On timeout or cancellation the claim is withdrawn.
 ///
-/// A claim that stalls while queued (its heartbeats not answered before its local deadline,
-/// or expired by the operator) is replaced by a fresh one at the back of the queue.
+/// While waiting, API errors that may pass (connection refused, timeouts, 5xx, 429) are
+/// retried with jittered backoff until the wait is over, and the claim keeps its place in
+/// the queue. A 403 is returned as [`Error::Forbidden`] at once. A queued claim that the
+/// operator expires (its heartbeats were not seen for a lease duration) is replaced by a
+/// fresh one at the back of the queue.
 pub async fn acquire(
     client: Client,
     namespace: &str,
     lease: &str,
     options: AcquireOptions,
 ) -> Result<LeaseGuard, Error> {
-    let started = Instant::now();
-    let give_up = options.wait.map(|w| started + w);
-    let cancel = options.cancel.clone().unwrap_or_default();
-    let timed_out = || Error::Timeout {
+    let budget = Budget {
         lease: lease.into(),
-        waited: started.elapsed(),
-    };
-    let cancelled = || Error::Cancelled {
-        lease: lease.into(),
-    };
-    let until_given_up = async {
-        match give_up {
-            Some(at) => sleep_until(at.into()).await,
-            None => pending().await,
-        }
-    };
-    let mut until_given_up = std::pin::pin!(until_given_up);
-
-    let timing = tokio::select! {
-        t = lease_timing(&client, namespace, lease, options.margin) => t?,
-        _ = &mut until_given_up => return Err(timed_out()),
-        _ = cancel.cancelled() => return Err(cancelled()),
+        started: Instant::now(),
+        give_up: options.wait.map(|w| Instant::now() + w),
+        once: options.wait == Some(Duration::ZERO),
+        cancel: options.cancel.clone().unwrap_or_default(),
     };
     let identity = options.identity.clone().unwrap_or_else(default_identity);
     let pod = options.pod.clone().or_else(|| PodRef::from_env(namespace));
 
+    let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
+    // Before the lease is read, pace requests for the shortest lease there can be.
+    let read_timeout = options.request_timeout.unwrap_or(Duration::from_secs(10));
+    let found = budget
+        .retry("get FencedLease", read_timeout, || leases.get_opt(lease))
+        .await?;
+    let Some(found) = found else {
+        return Err(Error::LeaseNotFound {
+            namespace: namespace.into(),
+            lease: lease.into(),
+        });
+    };
+    let spec_duration =
+        Duration::from_secs(u64::try_from(found.spec.lease_duration_seconds.max(1)).unwrap_or(1));
+    if let Some(margin) = options.margin.filter(|m| *m >= spec_duration) {
+        return Err(Error::InvalidMargin {
+            margin,
+            duration: spec_duration,
+        });
+    }
+    let timing =
+        Timing::new(spec_duration, options.margin).with_call_timeout(options.request_timeout);
+
+    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), namespace);
     loop {
-        let keeper = tokio::select! {
-            k = Keeper::start(client.clone(), namespace, lease, &identity, pod.as_ref(), timing) => k?,
-            _ = &mut until_given_up => return Err(timed_out()),
-            _ = cancel.cancelled() => return Err(cancelled()),
+        let request = ClaimRequest {
+            api: &claims,
+            lease,
+            identity: &identity,
+            pod: pod.as_ref(),
+            call_timeout: timing.call_timeout,
         };
+        let (claim, first_sent) = request.create(&budget).await?;
+        let keeper = Keeper::start(
+            client.clone(),
+            Created {
+                namespace: namespace.into(),
+                lease: lease.into(),
+                identity: identity.clone(),
+                claim,
+                first_sent,
+                spec_duration,
+                margin: options.margin,
+                call_timeout: options.request_timeout,
+            },
+        );
+        // Never give up before the operator has answered the claim once (or one request
+        // timeout has passed): that is what makes a zero wait "take it if it is free".
+        let answer_by = Instant::now() + timing.call_timeout;
         let mut rx = keeper.shared.subscribe();
         loop {
-            let state = rx.borrow_and_update().state.clone();
+            let (state, answered) = {
+                let t = rx.borrow_and_update();
+                (t.state.clone(), t.answered())
+            };
             match state {
                 HoldState::Holding { token } => {
-                    tracing::info!(lease, claim = %keeper.shared.claim, token, waited = ?started.elapsed(), "lease granted");
+                    tracing::info!(lease, claim = %keeper.shared.claim, token, waited_ms = budget.started.elapsed().as_millis(), "lease granted");
                     return Ok(LeaseGuard::new(keeper));
                 }
-                HoldState::Lost { reason, .. } if reason.is_stall() => {
-                    tracing::warn!(lease, claim = %keeper.shared.claim, %reason, "queued claim stalled; queueing a fresh one");
+                // Expired while queued, or granted and replaced while its heartbeats could not
+                // get through: queue again.
+                HoldState::Lost {
+                    reason,
+                    token: None,
+                } if reason.is_stall() || matches!(reason, LostReason::Superseded { .. }) => {
+                    tracing::warn!(lease, claim = %keeper.shared.claim, %reason, "queued claim is over; queueing a fresh one");
                     discard(keeper, reason).await;
+                    if budget.over() {
+                        return Err(budget.timed_out());
+                    }
                     break;
                 }
                 HoldState::Lost { reason, token } => {
@@ -80,6 +123,14 @@ pub async fn acquire(
                         LostReason::LeaseDeleted => Error::LeaseNotFound {
                             namespace: namespace.into(),
                             lease: lease.into(),
+                        },
+                        LostReason::Forbidden(message) => Error::Forbidden {
+                            what: "renew FencedLeaseClaim".into(),
+                            source: message.into(),
+                        },
+                        LostReason::MarginTooLarge { term, margin } => Error::InvalidMargin {
+                            margin,
+                            duration: term,
                         },
                         reason => Error::Lost {
                             lease: lease.into(),
@@ -90,18 +141,28 @@ pub async fn acquire(
                 }
                 HoldState::Waiting { .. } => {}
             }
+            let give_up = budget
+                .give_up
+                .map(|at| if answered { at } else { at.max(answer_by) });
             tokio::select! {
                 _ = rx.changed() => {}
-                _ = &mut until_given_up => {
+                _ = sleep_until(give_up) => {
                     discard(keeper, LostReason::Released).await;
-                    return Err(timed_out());
+                    return Err(budget.timed_out());
                 }
-                _ = cancel.cancelled() => {
+                _ = budget.cancel.cancelled() => {
                     discard(keeper, LostReason::Released).await;
-                    return Err(cancelled());
+                    return Err(budget.cancelled());
                 }
             }
         }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -109,28 +170,244 @@ pub async fn acquire(
 async fn discard(keeper: Keeper, reason: LostReason) {
     let claim = keeper.shared.claim.clone();
     if let Err(error) = keeper.discard(reason).await {
-        tracing::warn!(%claim, %error, "could not delete claim; it expires instead");
+        tracing::warn!(%claim, error = %report(&error), "could not delete claim; it expires instead");
     }
 }
 
-/// Reads the lease (it must exist) and derives the heartbeat pacing from its duration.
-async fn lease_timing(
-    client: &Client,
-    namespace: &str,
-    lease: &str,
-    margin: Option<Duration>,
-) -> Result<Timing, Error> {
-    let api: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
-    let found = timeout(LEASE_READ_TIMEOUT, api.get_opt(lease))
-        .await
-        .map_err(|_| Error::timed_out("get FencedLease", LEASE_READ_TIMEOUT))?
-        .map_err(|e| Error::from_kube("get FencedLease", e))?;
-    let Some(found) = found else {
-        return Err(Error::LeaseNotFound {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        });
-    };
-    let seconds = u64::try_from(found.spec.lease_duration_seconds.max(1)).unwrap_or(1);
-    Ok(Timing::new(Duration::from_secs(seconds), margin))
+/// How long one `acquire` may keep trying.
+struct Budget {
+    lease: String,
+    started: Instant,
+    give_up: Option<Instant>,
+    /// A zero wait: one try, no retries.
+    once: bool,
+    cancel: CancellationToken,
+}
+
+impl Budget {
+    fn timed_out(&self) -> Error {
+        Error::Timeout {
+            lease: self.lease.clone(),
+            waited: self.started.elapsed(),
+        }
+    }
+
+    fn cancelled(&self) -> Error {
+        Error::Cancelled {
+            lease: self.lease.clone(),
+        }
+    }
+
+    fn over(&self) -> bool {
+        self.give_up.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// One API call with a timeout; `Err(Cancelled)` if the caller cancels meanwhile.
+    async fn call<T>(
+        &self,
+        what: &str,
+        call_timeout: Duration,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Result<T, Error>, Error> {
+        tokio::select! {
+            r = timeout(call_timeout, call) => Ok(match r {
+                Ok(result) => result.map_err(|e| Error::from_kube(what, e)),
+                Err(_) => Err(Error::timed_out(what, call_timeout)),
+            }),
+            _ = self.cancel.cancelled() => Err(self.cancelled()),
+        }
+    }
+
+    /// Waits before retry `attempt` after `error`; `Err` (the error itself) when the wait
+    /// would end first, or `Err(Cancelled)`.
+    async fn pause(&self, attempt: u32, error: Error) -> Result<(), Error> {
+        if self.once || !error.is_transient() {
+            return Err(error);
+        }
+        let pause = wait_pause(attempt, rand::random::<f64>())
+            .max(error.retry_after().unwrap_or_default().min(MAX_PAUSE));
+        if self.give_up.is_some_and(|at| Instant::now() + pause >= at) {
+            return Err(error);
+        }
+        // Once per outage at WARN; the retries that follow at DEBUG.
+        if attempt == 1 {
+            tracing::warn!(lease = %self.lease, error = %report(&error), ?pause, "API request failed; retrying until the wait is over");
+        } else {
+            tracing::debug!(lease = %self.lease, error = %report(&error), attempt, ?pause, "API request failed; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => Ok(()),
+            _ = self.cancel.cancelled() => Err(self.cancelled()),
+        }
+    }
+
+    /// Calls until an answer, retrying transient failures within the wait.
+    async fn retry<T, F, Fut>(
+        &self,
+        what: &str,
+        call_timeout: Duration,
+        mut call: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match self.call(what, call_timeout, call()).await? {
+                Ok(value) => return Ok(value),
+                Err(error) => {
+                    attempt += 1;
+                    self.pause(attempt, error).await?;
+                }
+            }
+        }
+    }
+}
+
+/// Longest pause between retries while waiting.
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Pause before retry `attempt` (1-based) while waiting: 200 ms doubling to 5 s, with jitter
+/// (`jitter` in 0..=1) so that a fleet does not stampede a recovering apiserver.
+fn wait_pause(attempt: u32, jitter: f64) -> Duration {
+    let full = Duration::from_millis(200)
+        .saturating_mul(1 << attempt.clamp(1, 8).saturating_sub(1))
+        .min(MAX_PAUSE);
+    full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// Creating this holder's claim.
+struct ClaimRequest<'a> {
+    api: &'a Api<FencedLeaseClaim>,
+    lease: &'a str,
+    identity: &'a str,
+    pod: Option<&'a PodRef>,
+    call_timeout: Duration,
+}
+
+impl ClaimRequest<'_> {
+    /// Creates a claim under a fresh name; returns it and the send time of the first attempt
+    /// that may have created it. A create whose answer was lost (timeout, connection reset,
+    /// 5xx) is tried again under the same name: 409 then means an earlier attempt created it,
+    /// and that claim is adopted (it keeps its place). Giving up, the claim is deleted by name
+    /// in case it exists.
+    async fn create(&self, budget: &Budget) -> Result<(FencedLeaseClaim, BootInstant), Error> {
+        let mut name = claim_name(self.lease);
+        let mut first_sent: Option<BootInstant> = None;
+        let mut attempt = 0;
+        let outcome = loop {
+            let sent = BootInstant::now();
+            let claim = new_claim(&name, self.lease, self.identity, self.pod, Timestamp::now());
+            let params = PostParams::default();
+            let result = match budget
+                .call(
+                    "create FencedLeaseClaim",
+                    self.call_timeout,
+                    self.api.create(&params, &claim),
+                )
+                .await
+            {
+                Ok(result) => result,
+                Err(cancelled) => {
+                    // The request may have reached the apiserver.
+                    first_sent.get_or_insert(sent);
+                    break Err(cancelled);
+                }
+            };
+            let error = match result {
+                Ok(created) => return Ok((created, first_sent.unwrap_or(sent))),
+                Err(error) => error,
+            };
+            if is_conflict(&error) {
+                if first_sent.is_some() {
+                    match self.adopt(&name, budget).await {
+                        Ok(Some(existing)) => {
+                            tracing::info!(claim = %name, "an earlier create had succeeded; keeping that claim");
+                            return Ok((existing, first_sent.unwrap_or(sent)));
+                        }
+                        Ok(None) => {}
+                        Err(error) => break Err(error),
+                    }
+                }
+                // Not ours, or over: another name.
+                name = claim_name(self.lease);
+                first_sent = None;
+                continue;
+            }
+            if error.is_transient() {
+                first_sent.get_or_insert(sent);
+            }
+            attempt += 1;
+            if let Err(error) = budget.pause(attempt, error).await {
+                break Err(error);
+            }
+        };
+        if first_sent.is_some() {
+            self.withdraw(&name).await;
+        }
+        outcome
+    }
+
+    /// The claim `name` that an earlier attempt may have created, if it is this holder's
+    /// and not over; a claim of ours that is over is deleted.
+    async fn adopt(&self, name: &str, budget: &Budget) -> Result<Option<FencedLeaseClaim>, Error> {
+        let found = budget
+            .retry("get FencedLeaseClaim", self.call_timeout, || {
+                self.api.get_opt(name)
+            })
+            .await?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        if found.spec.lease_name != self.lease || found.spec.holder_identity != self.identity {
+            return Ok(None);
+        }
+        let phase = found.status.as_ref().and_then(|s| s.phase);
+        if matches!(phase, Some(ClaimPhase::Expired | ClaimPhase::Revoked)) {
+            self.withdraw(name).await;
+            return Ok(None);
+        }
+        Ok(Some(found))
+    }
+
+    /// Deletes claim `name` if it exists (best effort: a claim nobody heartbeats is expired
+    /// by the operator).
+    async fn withdraw(&self, name: &str) {
+        let deleted = timeout(
+            self.call_timeout,
+            self.api.delete(name, &DeleteParams::default()),
+        )
+        .await;
+        match deleted {
+            Ok(Ok(_)) => {
+                tracing::info!(claim = %name, "withdrew a claim whose create was uncertain")
+            }
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => {}
+            Ok(Err(e)) => {
+                tracing::warn!(claim = %name, error = %report(&e), "could not withdraw a claim whose create was uncertain")
+            }
+            Err(_) => {
+                tracing::warn!(claim = %name, "could not withdraw a claim whose create was uncertain: no answer")
+            }
+        }
+    }
+}
+
+fn is_conflict(error: &Error) -> bool {
+    matches!(error, Error::Kube { source, .. }
+        if source.downcast_ref::<kube::core::Status>().is_some_and(|s| s.code == 409))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_retries_back_off_to_five_seconds_with_jitter() {
+        assert_eq!(wait_pause(1, 1.0), Duration::from_millis(200));
+        assert_eq!(wait_pause(1, 0.0), Duration::from_millis(100));
+        assert_eq!(wait_pause(3, 1.0), Duration::from_millis(800));
+        assert_eq!(wait_pause(30, 1.0), Duration::from_secs(5));
+    }
 }

@@ -1,15 +1,36 @@
-//! The claim a holder writes (a fresh one per acquire, never an adopted one) and its
-//! heartbeat, plus the few facts a holder reads back from its claim and from the lease.
+//! The claim a holder writes (a fresh one per acquire, named by the holder so that a create
+//! whose answer was lost can be found again) and its heartbeat, plus the few facts a holder
+//! reads back from its claim and from the lease.
+
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
+use rand::Rng;
 
 use super::options::PodRef;
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimSpec};
 
-/// A new claim on `lease`, named by the apiserver (`<lease>-xxxxx`), with its first heartbeat.
-/// With a pod whose UID is known, the claim is owned by it, so the pod's deletion frees it.
+/// Length of the random part of a claim name.
+const SUFFIX_LEN: usize = 10;
+
+/// A fresh claim name, `<lease>-<10 random characters>`, chosen by the holder rather than the
+/// apiserver (`generateName`): when a create times out, the holder does not know whether the
+/// claim exists; with a name of its own it can create again (409 = it exists: adopt it) or
+/// delete it, instead of leaving a claim nobody heartbeats in the queue.
+pub(crate) fn claim_name(lease: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..SUFFIX_LEN)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    format!("{lease}-{suffix}")
+}
+
+/// A new claim `name` on `lease`, with its first heartbeat. With a pod whose UID is known, the
+/// claim is owned by it, so the pod's deletion frees it.
 pub(crate) fn new_claim(
+    name: &str,
     lease: &str,
     identity: &str,
     pod: Option<&PodRef>,
@@ -28,7 +49,7 @@ pub(crate) fn new_claim(
     });
     FencedLeaseClaim {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{lease}-")),
+            name: Some(name.into()),
             owner_references,
             ..Default::default()
         },
@@ -48,6 +69,21 @@ pub(crate) fn heartbeat_patch(now: Timestamp) -> serde_json::Value {
     serde_json::json!({ "spec": { "renewTime": MicroTime(now) } })
 }
 
+/// Whether a refused heartbeat was refused because the claim is over: the CRD's CEL rule
+/// freezes `spec.renewTime` once the phase is `Expired` or `Revoked` (I9), and the apiserver
+/// answers 422 Invalid with the rule's message.
+pub(crate) fn is_final_phase_refusal(status: &kube::core::Status) -> bool {
+    status.code == 422
+        && status
+            .message
+            .contains("the claim has Expired or was Revoked")
+}
+
+/// A duration in whole seconds from the API (at least one second).
+fn seconds(s: i32) -> Duration {
+    Duration::from_secs(u64::try_from(s.max(1)).unwrap_or(1))
+}
+
 /// What a holder needs from its claim's status.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct ClaimView {
@@ -57,6 +93,8 @@ pub(crate) struct ClaimView {
     pub message: Option<String>,
     /// `LeaseFound` condition: `Some(false)` when the operator found no such lease.
     pub lease_found: Option<bool>,
+    /// The term's duration, fixed at grant (I10), once the operator fills it in.
+    pub term_duration: Option<Duration>,
 }
 
 impl From<&FencedLeaseClaim> for ClaimView {
@@ -74,25 +112,33 @@ impl From<&FencedLeaseClaim> for ClaimView {
                 .iter()
                 .find(|c| c.type_ == "LeaseFound")
                 .map(|c| c.status != "False"),
+            term_duration: status.lease_duration_seconds.map(seconds),
         }
     }
 }
 
-/// What a holder needs from the lease's status, the source of truth.
+/// What a holder needs from the lease, whose status is the source of truth.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct LeaseView {
     pub holder_claim: Option<String>,
+    pub holder_identity: Option<String>,
     pub token: i64,
+    /// `spec.leaseDurationSeconds`: the duration of the *next* term.
+    pub spec_duration: Duration,
+    /// `status.leaseDurationSeconds`: the running term's duration, fixed at its grant (I10).
+    pub term_duration: Option<Duration>,
 }
 
 impl From<&FencedLease> for LeaseView {
     fn from(lease: &FencedLease) -> Self {
         let status = lease.status.as_ref();
+        let holder = status.and_then(|s| s.holder.as_ref());
         LeaseView {
-            holder_claim: status
-                .and_then(|s| s.holder.as_ref())
-                .map(|h| h.claim.clone()),
+            holder_claim: holder.map(|h| h.claim.clone()),
+            holder_identity: holder.map(|h| h.identity.clone()),
             token: status.map_or(0, |s| s.fencing_token),
+            spec_duration: seconds(lease.spec.lease_duration_seconds),
+            term_duration: status.and_then(|s| s.lease_duration_seconds).map(seconds),
         }
     }
 }
@@ -102,11 +148,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_claim_is_fresh_named_by_the_server_and_carries_a_first_heartbeat() {
+    fn a_claim_is_named_by_the_holder_and_carries_a_first_heartbeat() {
         let now = Timestamp::from_second(1_700_000_000).unwrap();
-        let claim = new_claim("db", "worker-1", None, now);
-        assert_eq!(claim.metadata.generate_name.as_deref(), Some("db-"));
-        assert_eq!(claim.metadata.name, None);
+        let name = claim_name("db");
+        assert!(
+            name.starts_with("db-") && name.len() == 3 + SUFFIX_LEN,
+            "{name}"
+        );
+        assert_ne!(claim_name("db"), name, "names are random");
+        let claim = new_claim(&name, "db", "worker-1", None, now);
+        assert_eq!(claim.metadata.name.as_deref(), Some(name.as_str()));
+        assert_eq!(claim.metadata.generate_name, None);
         assert_eq!(claim.spec.lease_name, "db");
         assert_eq!(claim.spec.holder_identity, "worker-1");
         assert_eq!(claim.spec.pod_name, None);
@@ -117,11 +169,8 @@ mod tests {
     #[test]
     fn a_claim_names_its_pod_and_is_owned_by_it_when_the_uid_is_known() {
         let now = Timestamp::now();
-        let pod = PodRef {
-            name: "web-0".into(),
-            uid: Some("uid-1".into()),
-        };
-        let claim = new_claim("db", "web-0", Some(&pod), now);
+        let pod = PodRef::new("web-0", Some("uid-1".into()));
+        let claim = new_claim("db-x", "db", "web-0", Some(&pod), now);
         assert_eq!(claim.spec.pod_name.as_deref(), Some("web-0"));
         let owners = claim.metadata.owner_references.unwrap();
         assert_eq!(owners.len(), 1);
@@ -134,11 +183,8 @@ mod tests {
             ("Pod", "web-0", "uid-1")
         );
 
-        let no_uid = PodRef {
-            name: "web-0".into(),
-            uid: None,
-        };
-        let claim = new_claim("db", "web-0", Some(&no_uid), now);
+        let no_uid = PodRef::new("web-0", None);
+        let claim = new_claim("db-x", "db", "web-0", Some(&no_uid), now);
         assert_eq!(claim.spec.pod_name.as_deref(), Some("web-0"));
         assert_eq!(claim.metadata.owner_references, None);
     }
@@ -170,5 +216,54 @@ mod tests {
         assert_eq!(view.queue_position, Some(2));
         assert_eq!(view.lease_found, Some(false));
         assert_eq!(view.token, None);
+        assert_eq!(view.term_duration, None);
+    }
+
+    #[test]
+    fn term_durations_come_from_the_claim_and_lease_status() {
+        let claim: FencedLeaseClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "metadata": {"name": "db-x"},
+            "spec": {"leaseName": "db", "holderIdentity": "a"},
+            "status": {"phase": "Granted", "fencingToken": 9, "leaseDurationSeconds": 10}
+        }))
+        .unwrap();
+        assert_eq!(
+            ClaimView::from(&claim).term_duration,
+            Some(Duration::from_secs(10))
+        );
+        let lease: FencedLease = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "metadata": {"name": "db"},
+            "spec": {"leaseDurationSeconds": 3600},
+            "status": {"fencingToken": 9, "leaseDurationSeconds": 10,
+                       "holder": {"claim": "db-x", "identity": "a"}}
+        }))
+        .unwrap();
+        let view = LeaseView::from(&lease);
+        assert_eq!(view.spec_duration, Duration::from_secs(3600));
+        assert_eq!(view.term_duration, Some(Duration::from_secs(10)));
+        assert_eq!(view.holder_identity.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn only_the_final_phase_rule_counts_as_a_final_refusal() {
+        let status = |code, message: &str| kube::core::Status {
+            code,
+            message: message.into(),
+            ..Default::default()
+        };
+        assert!(is_final_phase_refusal(&status(
+            422,
+            "FencedLeaseClaim.fencing.dev \"db-x\" is invalid: <nil>: Invalid value: \"object\": the claim has Expired or was Revoked: its heartbeat (spec.renewTime) can no longer change; create a new claim to queue again"
+        )));
+        assert!(!is_final_phase_refusal(&status(
+            422,
+            "leaseName is immutable"
+        )));
+        assert!(!is_final_phase_refusal(&status(
+            409,
+            "the claim has Expired or was Revoked"
+        )));
     }
 }

@@ -3,10 +3,11 @@
 
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::clock::{self, BootInstant};
 use super::error::{Error, LostReason};
 use super::keeper::{Keeper, Shared};
 use super::state::HoldState;
@@ -30,9 +31,10 @@ impl std::fmt::Debug for LeaseHandle {
 
 impl LeaseHandle {
     /// The fencing token, while the lease is held. Checks the local safe deadline on every
-    /// call, so it never answers `Ok` past it, even when the renew task could not run.
+    /// call, so it never answers `Ok` past it, even when the renew task could not run or the
+    /// machine was suspended.
     pub fn token(&self) -> Result<i64, Error> {
-        let now = Instant::now();
+        let now = BootInstant::now();
         let result = self.shared.snapshot().token_at(now);
         result.map_err(|reason| {
             self.shared.check_deadline(now);
@@ -59,32 +61,45 @@ impl LeaseHandle {
         }
     }
 
-    /// The hold state as last updated (the deadline is checked by [`token`](Self::token)).
+    /// The hold state now: like [`token`](Self::token), it checks the local safe deadline,
+    /// so it never says `Holding` past it.
     pub fn state(&self) -> HoldState {
+        self.shared.check_deadline(BootInstant::now());
         self.shared.snapshot().state
     }
 
-    /// The local safe deadline: the lease is not held from this instant on, unless a renew
-    /// moves it.
-    pub fn deadline(&self) -> Instant {
-        self.shared.snapshot().deadline
+    /// Time left before the local safe deadline (zero once it has passed, or when the lease
+    /// is not held). A renew moves the deadline on.
+    pub fn time_left(&self) -> Duration {
+        let now = BootInstant::now();
+        let t = self.shared.snapshot();
+        match t.token_at(now) {
+            Ok(_) => t.deadline().saturating_duration_since(now),
+            Err(_) => Duration::ZERO,
+        }
+    }
+
+    /// The lease duration in force for this claim: the term's, fixed at grant (I10).
+    pub fn lease_duration(&self) -> Duration {
+        self.shared.timing().duration
     }
 
     /// Resolves when the lease is lost or released, at the latest at the local safe
-    /// deadline (from its own timer, so also when the renew task is starved).
+    /// deadline (from its own timer, so also when the renew task is starved; within a second
+    /// of resume after a suspend).
     pub async fn lost(&self) -> LostReason {
         let mut rx = self.shared.subscribe();
         loop {
-            let deadline = {
+            let (holding, deadline) = {
                 let t = rx.borrow_and_update();
                 if let HoldState::Lost { reason, .. } = &t.state {
                     return reason.clone();
                 }
-                t.deadline
+                (t.is_holding(), t.deadline())
             };
             tokio::select! {
-                _ = tokio::time::sleep_until(deadline.into()) => {
-                    self.shared.check_deadline(Instant::now());
+                _ = clock::sleep_until(deadline), if holding => {
+                    self.shared.check_deadline(BootInstant::now());
                 }
                 changed = rx.changed() => {
                     if changed.is_err() {
@@ -121,8 +136,13 @@ impl LeaseHandle {
     }
 }
 
-/// A granted lease. Renews in the background; dropping it releases the lease (best effort,
-/// from a spawned task); [`release`](Self::release) does so and waits.
+/// A granted lease. Renews in the background; [`release`](Self::release) deletes the claim
+/// so that the next waiter is granted at once. Dropping it releases the lease too: on the
+/// multi-threaded runtime the drop waits for the deletion (at most one request timeout), so
+/// that it is done even when the runtime shuts down right after; on a current-thread runtime
+/// it is left to a spawned task, which a runtime shutting down may never run (call
+/// `release` there).
+#[must_use = "dropping the guard releases the lease at once: bind it, e.g. `let guard = acquire(...).await?;`"]
 pub struct LeaseGuard {
     handle: LeaseHandle,
     keeper: Keeper,
@@ -159,7 +179,8 @@ impl LeaseGuard {
     }
 
     /// Stops acting as holder at once, then deletes the claim so that the next waiter is
-    /// granted without waiting for expiry.
+    /// granted without waiting for expiry. Cancel-safe: dropping this future (a `select!`, a
+    /// timeout) does not stop the deletion.
     pub async fn release(self) -> Result<(), Error> {
         self.keeper.discard(LostReason::Released).await
     }
@@ -173,7 +194,7 @@ impl LeaseGuard {
             claim: self.handle.claim().into(),
             identity: self.handle.identity().into(),
             token: self.handle.granted_token(),
-            lease_duration: self.keeper.shared.timing.duration,
+            lease_duration: self.handle.lease_duration(),
         };
         self.keeper.detach();
         claim
@@ -182,6 +203,7 @@ impl LeaseGuard {
 
 /// A granted claim left in place by [`LeaseGuard::detach`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 #[serde(rename_all = "camelCase")]
 pub struct DetachedClaim {
     /// Namespace of the lease.
@@ -205,5 +227,51 @@ mod humantime_serde_secs {
         s: S,
     ) -> Result<S::Ok, S::Error> {
         s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::holder::claim::ClaimView;
+    use crate::holder::state::Tracker;
+
+    /// A handle on a claim granted token 7 whose deadline passes `after` from now.
+    fn handle(after: Duration) -> LeaseHandle {
+        let duration = Duration::from_secs(10);
+        let margin = Duration::from_secs(1);
+        let sent = BootInstant::now() + after - (duration - margin);
+        let mut tracker = Tracker::new("db-x", sent, duration, Some(margin), None);
+        let granted = ClaimView {
+            phase: Some(crate::api::ClaimPhase::Granted),
+            token: Some(7),
+            ..Default::default()
+        };
+        tracker.observe_claim(&granted, sent);
+        LeaseHandle {
+            shared: Shared::for_test("db", "db-x", tracker),
+        }
+    }
+
+    #[test]
+    fn state_and_token_check_the_deadline() {
+        let held = handle(Duration::from_secs(5));
+        assert_eq!(held.state(), HoldState::Holding { token: 7 });
+        assert_eq!(held.token().unwrap(), 7);
+        assert!(held.time_left() > Duration::from_secs(4));
+
+        // The renew task never ran (a starved runtime, a suspended machine): the state the
+        // tracker last recorded says Holding, but the deadline has passed.
+        let stale = handle(Duration::ZERO);
+        assert_eq!(
+            stale.state(),
+            HoldState::Lost {
+                token: Some(7),
+                reason: LostReason::DeadlinePassed
+            }
+        );
+        assert!(stale.token().is_err());
+        assert_eq!(stale.time_left(), Duration::ZERO);
+        assert!(stale.cancellation().is_cancelled());
     }
 }

@@ -1,25 +1,29 @@
-//! Keeps one claim alive: creates it, heartbeats it every leaseDuration/3 (jittered retries,
-//! per-call timeouts), watches the claim and the lease, and ends the hold at the local safe
-//! deadline from a timer of its own. All state changes go through the pure [`Tracker`].
+//! Keeps one claim alive: heartbeats it every third of the duration in force (jittered
+//! retries, per-call timeouts), watches the claim and the lease, and ends the hold at the
+//! local safe deadline from a timer of its own. All state changes go through the pure
+//! [`Tracker`]. Deleting the claim happens on a task of its own, so that it completes even if
+//! whoever asked for it stops waiting.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::watch_object;
 use tokio::sync::watch;
-use tokio::time::{sleep_until, timeout};
+use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use super::claim::{ClaimView, LeaseView, heartbeat_patch, new_claim};
-use super::error::{Error, LostReason};
-use super::options::{PodRef, Timing};
+use super::claim::{ClaimView, LeaseView, heartbeat_patch, is_final_phase_refusal};
+use super::clock::{self, BootInstant};
+use super::error::{Error, LostReason, report};
+use super::options::Timing;
 use super::state::Tracker;
-use crate::api::{FencedLease, FencedLeaseClaim};
+use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
 
 /// State shared by a claim's background tasks and its guard.
 pub(crate) struct Shared {
@@ -27,7 +31,6 @@ pub(crate) struct Shared {
     pub lease: String,
     pub claim: String,
     pub identity: String,
-    pub timing: Timing,
     tracker: watch::Sender<Tracker>,
     /// Cancelled when the hold ends (lost or released): stops the tasks.
     pub stop: CancellationToken,
@@ -51,14 +54,51 @@ impl Shared {
         self.tracker.borrow().clone()
     }
 
+    /// Pacing for the duration in force.
+    pub fn timing(&self) -> Timing {
+        self.tracker.borrow().timing()
+    }
+
     /// Ends the hold at once if its deadline has passed at `now` (a reader noticed before
     /// the timer did, e.g. right after the process was resumed from a pause).
-    pub fn check_deadline(&self, now: Instant) {
+    pub fn check_deadline(&self, now: BootInstant) {
         self.update(|t| t.check_deadline(now));
     }
 }
 
-/// One claim and its background tasks. Dropping it withdraws the claim (best effort).
+#[cfg(test)]
+impl Shared {
+    /// Shared state around `tracker`, without tasks.
+    pub fn for_test(lease: &str, claim: &str, tracker: Tracker) -> Arc<Shared> {
+        let shared = Arc::new(Shared {
+            namespace: "test".into(),
+            lease: lease.into(),
+            claim: claim.into(),
+            identity: "test".into(),
+            tracker: watch::channel(tracker).0,
+            stop: CancellationToken::new(),
+        });
+        shared.update(|_| false);
+        shared
+    }
+}
+
+/// A created claim to keep.
+pub(crate) struct Created {
+    pub namespace: String,
+    pub lease: String,
+    pub identity: String,
+    /// The claim as the apiserver returned it (or as read back after an uncertain create).
+    pub claim: FencedLeaseClaim,
+    /// Send time of the first create attempt that may have created it.
+    pub first_sent: BootInstant,
+    /// `spec.leaseDurationSeconds` read at acquire.
+    pub spec_duration: Duration,
+    pub margin: Option<Duration>,
+    pub call_timeout: Option<Duration>,
+}
+
+/// One claim and its background tasks. Dropping it withdraws the claim.
 pub(crate) struct Keeper {
     pub shared: Arc<Shared>,
     api: Api<FencedLeaseClaim>,
@@ -67,66 +107,68 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
-    /// Creates a fresh claim on `lease` and starts keeping it.
-    pub async fn start(
-        client: Client,
-        namespace: &str,
-        lease: &str,
-        identity: &str,
-        pod: Option<&PodRef>,
-        timing: Timing,
-    ) -> Result<Keeper, Error> {
-        let api: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), namespace);
-        let claim = new_claim(lease, identity, pod, Timestamp::now());
-        let sent = Instant::now();
-        let created = timeout(
-            timing.call_timeout,
-            api.create(&PostParams::default(), &claim),
-        )
-        .await
-        .map_err(|_| Error::timed_out("create FencedLeaseClaim", timing.call_timeout))?
-        .map_err(|e| Error::from_kube("create FencedLeaseClaim", e))?;
-        let received = Instant::now();
-        let name = created
-            .metadata
-            .name
-            .clone()
-            .ok_or_else(|| Error::Unavailable {
-                what: "the apiserver returned a claim without a name".into(),
-                source: None,
-            })?;
-        let mut tracker = Tracker::new(sent, timing);
-        tracker.heartbeat_ok(sent, received, &ClaimView::from(&created));
+    /// Starts keeping a created claim.
+    pub fn start(client: Client, created: Created) -> Keeper {
+        let name = kube::ResourceExt::name_any(&created.claim);
+        let mut tracker = Tracker::new(
+            &name,
+            created.first_sent,
+            created.spec_duration,
+            created.margin,
+            created.call_timeout,
+        );
+        tracker.heartbeat_ok(
+            created.first_sent,
+            BootInstant::now(),
+            &ClaimView::from(&created.claim),
+        );
         let (tx, _) = watch::channel(tracker);
         let shared = Arc::new(Shared {
-            namespace: namespace.into(),
-            lease: lease.into(),
+            namespace: created.namespace.clone(),
+            lease: created.lease,
             claim: name,
-            identity: identity.into(),
-            timing,
+            identity: created.identity,
             tracker: tx,
             stop: CancellationToken::new(),
         });
-        tracing::debug!(lease, claim = %shared.claim, identity, "claim created");
-        tokio::spawn(heartbeat(shared.clone(), api.clone()));
+        let api: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), &created.namespace);
+        tracing::debug!(lease = %shared.lease, claim = %shared.claim, identity = %shared.identity, "keeping claim");
+        tokio::spawn(heartbeat(
+            shared.clone(),
+            api.clone(),
+            Api::namespaced(client.clone(), &created.namespace),
+        ));
         tokio::spawn(watch_claim(shared.clone(), api.clone()));
         tokio::spawn(watch_lease(
             shared.clone(),
-            Api::namespaced(client, namespace),
+            Api::namespaced(client, &created.namespace),
         ));
         tokio::spawn(deadline_timer(shared.clone()));
-        Ok(Keeper {
+        Keeper {
             shared,
             api,
             armed: true,
-        })
+        }
     }
 
-    /// Ends the hold and deletes the claim, so the next waiter is granted at once.
+    /// Ends the hold at once, then deletes the claim so that the next waiter is granted
+    /// without waiting for expiry. Cancel-safe: the deletion runs on a task of its own and
+    /// completes even if this future is dropped.
     pub async fn discard(mut self, reason: LostReason) -> Result<(), Error> {
-        self.armed = false;
         self.shared.update(|t| t.end(reason));
-        delete_claim(&self.api, &self.shared.claim, self.shared.timing).await
+        self.armed = false;
+        let (api, claim, timing) = (
+            self.api.clone(),
+            self.shared.claim.clone(),
+            self.shared.timing(),
+        );
+        let deletion = tokio::spawn(async move { delete_claim(&api, &claim, timing).await });
+        deletion.await.unwrap_or_else(|_| {
+            Err(Error::Unavailable {
+                what: "delete FencedLeaseClaim: the runtime is shutting down".into(),
+                source: None,
+            })
+        })
     }
 
     /// Stops the background tasks and leaves the claim in place.
@@ -145,20 +187,34 @@ impl Drop for Keeper {
         let (api, claim, timing) = (
             self.api.clone(),
             self.shared.claim.clone(),
-            self.shared.timing,
+            self.shared.timing(),
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    if let Err(error) = delete_claim(&api, &claim, timing).await {
-                        tracing::warn!(%claim, %error, "could not delete claim on drop; it expires instead");
-                    }
-                });
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%claim, "guard dropped outside a Tokio runtime: claim not deleted; it expires instead");
+            return;
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let log_claim = claim.clone();
+        runtime.spawn(async move {
+            if let Err(error) = delete_claim(&api, &log_claim, timing).await {
+                tracing::warn!(claim = %log_claim, error = %report(&error), "could not delete claim on drop; it expires instead");
             }
-            Err(_) => tracing::warn!(
-                claim = %self.shared.claim,
-                "guard dropped outside a Tokio runtime: claim not deleted; it expires instead"
-            ),
+            let _ = done_tx.send(());
+        });
+        // Wait for the deletion, so that it is done even when the runtime shuts down right
+        // after (a guard dropped at the end of `main`). Blocking a worker is allowed only on
+        // the multi-threaded runtime; never while unwinding, where a second panic aborts.
+        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+            && !std::thread::panicking()
+        {
+            let wait = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tokio::task::block_in_place(|| {
+                    let _ = done_rx.recv_timeout(timing.call_timeout + Duration::from_secs(1));
+                })
+            }));
+            if wait.is_err() {
+                tracing::debug!(%claim, "cannot block here: claim deleted in the background");
+            }
         }
     }
 }
@@ -184,26 +240,40 @@ async fn delete_claim(
     }
 }
 
-/// Heartbeats every `renew_every` from the send time of the last counted one; retries
-/// failures with jittered backoff; never waits for an answer past the deadline.
-async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
-    let timing = shared.timing;
-    let mut next = Instant::now() + timing.renew_every;
+/// Heartbeats every `renew_every` from the send time of the last accepted one; retries
+/// failures with jittered backoff (or the apiserver's Retry-After); never waits for an answer
+/// past the deadline while holding. A refusal that cannot change by waiting ends the claim at
+/// once: 404 (deleted), 403 (forbidden), 422 from the final-phase rule (expired or revoked).
+///
+/// A waiting claim whose heartbeats did not get through for longer than its deadline may
+/// have been granted, expired and replaced meanwhile. The first heartbeat accepted after
+/// such a gap is therefore counted together with a fresh read of the lease made after it:
+/// a grant older than what the lease says then is not believed, whichever operator runs.
+async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>, leases: Api<FencedLease>) {
+    let mut next = tokio::time::Instant::now() + shared.timing().renew_every;
     let mut failures = 0u32;
     loop {
         tokio::select! {
             _ = shared.stop.cancelled() => return,
-            _ = sleep_until(next.into()) => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
-        let sent = Instant::now();
+        let sent = BootInstant::now();
+        let sent_at = tokio::time::Instant::now();
         shared.check_deadline(sent);
-        let deadline = shared.snapshot().deadline;
         if shared.stop.is_cancelled() {
             return;
         }
-        let budget = timing
-            .call_timeout
-            .min(deadline.saturating_duration_since(sent));
+        let (timing, holding, deadline) = {
+            let t = shared.snapshot();
+            (t.timing(), t.is_holding(), t.deadline())
+        };
+        let budget = if holding {
+            timing
+                .call_timeout
+                .min(deadline.saturating_duration_since(sent))
+        } else {
+            timing.call_timeout
+        };
         let (params, patch) = (
             PatchParams::default(),
             Patch::Merge(heartbeat_patch(Timestamp::now())),
@@ -213,48 +283,159 @@ async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
             _ = shared.stop.cancelled() => return,
             r = timeout(budget, call) => r,
         };
-        let received = Instant::now();
+        let received = BootInstant::now();
+        let gap = !holding && sent >= deadline;
+        let result = match result {
+            Ok(Ok(claim)) if gap => match read_lease(&leases, &shared.lease, timing).await {
+                Ok(lease) => Ok(Ok((claim, Some(lease)))),
+                Err(error) => Ok(Err(error)),
+            },
+            Ok(Ok(claim)) => Ok(Ok((claim, None))),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(elapsed) => Err(elapsed),
+        };
         let error = match result {
-            Ok(Ok(claim)) => {
-                shared.update(|t| t.heartbeat_ok(sent, received, &ClaimView::from(&claim)));
+            Ok(Ok((claim, lease))) => {
+                if failures > 0 {
+                    tracing::info!(lease = %shared.lease, claim = %shared.claim, failures, "heartbeat accepted again");
+                }
+                shared.update(|t| {
+                    let seen = lease.is_some_and(|l| t.observe_lease(l.as_ref(), received));
+                    t.heartbeat_ok(sent, received, &ClaimView::from(&claim)) || seen
+                });
                 failures = 0;
-                next = sent + timing.renew_every;
+                next = sent_at + shared.timing().renew_every;
                 continue;
             }
             Ok(Err(kube::Error::Api(s))) if s.code == 404 => {
                 shared.update(|t| t.end(LostReason::ClaimDeleted));
                 return;
             }
-            Ok(Err(e)) => Error::from_kube("renew", e),
-            Err(_) => Error::timed_out("renew", budget),
+            Ok(Err(kube::Error::Api(s))) if s.code == 403 => {
+                tracing::warn!(lease = %shared.lease, claim = %shared.claim, message = %s.message, "heartbeat forbidden");
+                shared.update(|t| t.end(LostReason::Forbidden(s.message.clone())));
+                return;
+            }
+            Ok(Err(kube::Error::Api(s))) if is_final_phase_refusal(&s) => {
+                let reason = final_reason(&api, &shared.claim, timing).await;
+                tracing::warn!(lease = %shared.lease, claim = %shared.claim, %reason, "heartbeat refused: the claim is over");
+                shared.update(|t| t.end(reason));
+                return;
+            }
+            Ok(Err(e)) => Error::from_kube("renew FencedLeaseClaim", e),
+            Err(_) => Error::timed_out("renew FencedLeaseClaim", budget),
         };
         failures += 1;
-        let pause = timing.retry_after(failures, rand::random::<f64>());
-        tracing::warn!(lease = %shared.lease, claim = %shared.claim, %error, failures, "heartbeat failed; retrying");
-        next = Instant::now() + pause;
+        let asked = error
+            .retry_after()
+            .unwrap_or_default()
+            .min(timing.renew_every);
+        let pause = timing
+            .retry_after(failures, rand::random::<f64>())
+            .max(asked);
+        // Once per outage at WARN; the retries that follow at DEBUG.
+        if failures == 1 {
+            tracing::warn!(lease = %shared.lease, claim = %shared.claim, error = %report(&error), ?pause, "heartbeat failed; retrying");
+        } else {
+            tracing::debug!(lease = %shared.lease, claim = %shared.claim, error = %report(&error), failures, ?pause, "heartbeat failed; retrying");
+        }
+        next = tokio::time::Instant::now() + pause;
     }
+}
+
+/// The lease as it is now (`None`: deleted).
+async fn read_lease(
+    leases: &Api<FencedLease>,
+    lease: &str,
+    timing: Timing,
+) -> Result<Option<LeaseView>, kube::Error> {
+    match timeout(timing.call_timeout, leases.get_opt(lease)).await {
+        Ok(read) => read.map(|found| found.as_ref().map(LeaseView::from)),
+        Err(_) => Err(kube::Error::Service(
+            format!(
+                "no answer within {}",
+                humantime::format_duration(timing.call_timeout)
+            )
+            .into(),
+        )),
+    }
+}
+
+/// Why a claim whose heartbeat the final-phase rule refused is over: `Revoked` if a read says
+/// so, else `Expired`.
+async fn final_reason(api: &Api<FencedLeaseClaim>, claim: &str, timing: Timing) -> LostReason {
+    let read = timeout(timing.call_timeout, api.get_opt(claim)).await;
+    let status = match read {
+        Ok(Ok(Some(c))) => c.status,
+        _ => None,
+    };
+    match status {
+        Some(s) if s.phase == Some(ClaimPhase::Revoked) => {
+            LostReason::Revoked(s.message.unwrap_or_default())
+        }
+        _ => LostReason::Expired,
+    }
+}
+
+/// How watches come back after the API went away: quickly (a holder's deadline is short),
+/// 200 ms doubling to 3 s, jittered so that many holders do not reconnect in step.
+#[derive(Debug, Default)]
+struct WatchBackoff {
+    failures: u32,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.failures = self.failures.saturating_add(1);
+        let full = Duration::from_millis(200)
+            .saturating_mul(1 << self.failures.clamp(1, 5).saturating_sub(1))
+            .min(Duration::from_secs(3));
+        Some(full.mul_f64(0.5 + 0.5 * rand::random::<f64>()))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+fn watch_backoff() -> WatchBackoff {
+    WatchBackoff::default()
 }
 
 /// Follows the claim: the grant, the queue position, expiry and revocation, deletion.
 async fn watch_claim(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
-    let events = watch_object(api, &shared.claim).default_backoff();
+    let events = watch_object(api, &shared.claim).backoff(watch_backoff());
     let mut events = std::pin::pin!(events);
+    let mut failing = false;
     loop {
         let event = tokio::select! {
             _ = shared.stop.cancelled() => return,
             e = events.next() => e,
         };
+        if matches!(event, Some(Ok(_))) {
+            failing = false;
+        }
         match event {
             Some(Ok(Some(claim))) => {
                 let view = ClaimView::from(&claim);
-                shared.update(|t| t.observe_claim(&view, Instant::now()));
+                shared.update(|t| t.observe_claim(&view, BootInstant::now()));
             }
             Some(Ok(None)) => {
                 shared.update(|t| t.end(LostReason::ClaimDeleted));
                 return;
             }
             Some(Err(error)) => {
-                tracing::warn!(claim = %shared.claim, %error, "watch on claim failed; retrying")
+                if !failing {
+                    tracing::warn!(claim = %shared.claim, error = %report(&error), "watch on claim failed; retrying");
+                } else {
+                    tracing::debug!(claim = %shared.claim, error = %report(&error), "watch on claim failed; retrying");
+                }
+                failing = true;
+                continue;
             }
             None => return,
         }
@@ -264,20 +445,30 @@ async fn watch_claim(shared: Arc<Shared>, api: Api<FencedLeaseClaim>) {
 /// Follows the lease, the source of truth: the grant shows there first, and so does a newer
 /// holder.
 async fn watch_lease(shared: Arc<Shared>, api: Api<FencedLease>) {
-    let events = watch_object(api, &shared.lease).default_backoff();
+    let events = watch_object(api, &shared.lease).backoff(watch_backoff());
     let mut events = std::pin::pin!(events);
+    let mut failing = false;
     loop {
         let event = tokio::select! {
             _ = shared.stop.cancelled() => return,
             e = events.next() => e,
         };
+        if matches!(event, Some(Ok(_))) {
+            failing = false;
+        }
         match event {
             Some(Ok(lease)) => {
                 let view = lease.as_ref().map(LeaseView::from);
-                shared.update(|t| t.observe_lease(view.as_ref(), &shared.claim, Instant::now()));
+                shared.update(|t| t.observe_lease(view.as_ref(), BootInstant::now()));
             }
             Some(Err(error)) => {
-                tracing::warn!(lease = %shared.lease, %error, "watch on lease failed; retrying")
+                if !failing {
+                    tracing::warn!(lease = %shared.lease, error = %report(&error), "watch on lease failed; retrying");
+                } else {
+                    tracing::debug!(lease = %shared.lease, error = %report(&error), "watch on lease failed; retrying");
+                }
+                failing = true;
+                continue;
             }
             None => return,
         }
@@ -288,16 +479,16 @@ async fn watch_lease(shared: Arc<Shared>, api: Api<FencedLease>) {
 async fn deadline_timer(shared: Arc<Shared>) {
     let mut rx = shared.subscribe();
     loop {
-        let deadline = {
+        let (live, holding, deadline) = {
             let t = rx.borrow_and_update();
-            if !t.is_live() {
-                return;
-            }
-            t.deadline
+            (t.is_live(), t.is_holding(), t.deadline())
         };
+        if !live {
+            return;
+        }
         tokio::select! {
             _ = shared.stop.cancelled() => return,
-            _ = sleep_until(deadline.into()) => shared.check_deadline(Instant::now()),
+            _ = clock::sleep_until(deadline), if holding => shared.check_deadline(BootInstant::now()),
             changed = rx.changed() => if changed.is_err() { return },
         }
     }

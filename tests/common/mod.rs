@@ -6,9 +6,11 @@
 //! `hack/control-plane up` (idempotent, so every test binary shares it).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod cli;
 pub mod faults;
 pub mod fence;
 pub mod operator;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -326,6 +328,11 @@ impl TestNamespace {
     /// The admin kubeconfig path, for child processes.
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.cp.kubeconfig
+    }
+
+    /// The admin client configuration.
+    pub async fn client_config(&self) -> Config {
+        self.cp.admin_config().await
     }
 
     /// Creates ServiceAccount `name`, bound to the holder Role of deploy/rbac/holder-role.yaml

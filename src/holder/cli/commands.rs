@@ -7,34 +7,38 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 
 use super::report::{self, LeaseReport};
-use super::{Failure, HolderArgs, Output, exit, failure};
+use super::signals::{Signals, is_terminating, stop_self};
+use super::{AcquireFormat, Failure, HolderArgs, NameFormat, ReportFormat, exit, failure};
 use crate::api::{FencedLease, FencedLeaseClaim};
-use crate::holder::{AcquireOptions, Error, acquire, default_identity};
+use crate::holder::{AcquireOptions, Error, acquire};
 
-/// Per-call timeout of the CLI's own reads and deletes.
+/// Default per-call timeout of the CLI's own reads and deletes.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `kind.group/` of claims, as `kubectl get -o name` prints them.
+const CLAIM_NAME_PREFIX: &str = "fencedleaseclaim.fencing.dev/";
+/// `kind.group/` of leases.
+const LEASE_NAME_PREFIX: &str = "fencedlease.fencing.dev/";
 
 async fn read<T>(
     what: &str,
+    timeout: Option<Duration>,
     call: impl Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, Failure> {
-    match tokio::time::timeout(API_TIMEOUT, call).await {
-        Err(_) => Err(Error::timed_out(what, API_TIMEOUT).into()),
+    let timeout = timeout.unwrap_or(API_TIMEOUT);
+    match tokio::time::timeout(timeout, call).await {
+        Err(_) => Err(Error::timed_out(what, timeout).into()),
         Ok(result) => result.map_err(|e| Error::from_kube(what, e).into()),
     }
 }
 
-fn print<T: Serialize>(
-    value: &T,
-    output: Output,
-    table: impl FnOnce() -> String,
-) -> Result<(), Failure> {
-    let text = match output {
-        Output::Table => table(),
-        Output::Json => serde_json::to_string_pretty(value)
+fn print_as<T: Serialize>(value: &T, json: bool) -> Result<(), Failure> {
+    let text = if json {
+        serde_json::to_string_pretty(value)
             .map(|s| s + "\n")
-            .map_err(|e| failure(e.to_string()))?,
-        Output::Yaml => serde_saphyr::to_string(value).map_err(|e| failure(e.to_string()))?,
+            .map_err(|e| failure(e.to_string()))?
+    } else {
+        serde_saphyr::to_string(value).map_err(|e| failure(e.to_string()))?
     };
     print!("{text}");
     Ok(())
@@ -44,11 +48,12 @@ pub(super) async fn status(
     client: Client,
     namespace: &str,
     lease: &str,
-    output: Output,
+    output: Option<ReportFormat>,
+    timeout: Option<Duration>,
 ) -> Result<u8, Failure> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
-    let Some(found) = read("get FencedLease", leases.get_opt(lease)).await? else {
+    let Some(found) = read("get FencedLease", timeout, leases.get_opt(lease)).await? else {
         return Err(Error::LeaseNotFound {
             namespace: namespace.into(),
             lease: lease.into(),
@@ -57,129 +62,240 @@ pub(super) async fn status(
     };
     let claims = read(
         "list FencedLeaseClaims",
+        timeout,
         claims.list(&ListParams::default()),
     )
     .await?;
     let report = LeaseReport::new(&found, &claims.items);
     let now = k8s_openapi::jiff::Timestamp::now();
-    print(&report, output, || report.detail(now))?;
+    match output {
+        None => print!("{}", report.detail(now, false)),
+        Some(ReportFormat::Wide) => print!("{}", report.detail(now, true)),
+        Some(ReportFormat::Name) => println!("{LEASE_NAME_PREFIX}{}", report.name),
+        Some(ReportFormat::Json) => print_as(&report, true)?,
+        Some(ReportFormat::Yaml) => print_as(&report, false)?,
+    }
     Ok(exit::OK)
 }
 
-pub(super) async fn list(client: Client, namespace: &str, output: Output) -> Result<u8, Failure> {
-    let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
-    let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
-    let leases = read("list FencedLeases", leases.list(&ListParams::default())).await?;
+/// `namespace`: `None` lists every namespace (`-A`).
+pub(super) async fn list(
+    client: Client,
+    namespace: Option<&str>,
+    output: Option<ReportFormat>,
+    timeout: Option<Duration>,
+) -> Result<u8, Failure> {
+    let (leases, claims): (Api<FencedLease>, Api<FencedLeaseClaim>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    let leases = read(
+        "list FencedLeases",
+        timeout,
+        leases.list(&ListParams::default()),
+    )
+    .await?;
     let claims = read(
         "list FencedLeaseClaims",
+        timeout,
         claims.list(&ListParams::default()),
     )
     .await?;
     let reports: Vec<LeaseReport> = leases
         .items
         .iter()
-        .map(|l| LeaseReport::new(l, &claims.items))
+        .map(|l| {
+            let same_namespace: Vec<FencedLeaseClaim> = claims
+                .items
+                .iter()
+                .filter(|c| c.namespace() == l.namespace())
+                .cloned()
+                .collect();
+            LeaseReport::new(l, &same_namespace)
+        })
         .collect();
     let now = k8s_openapi::jiff::Timestamp::now();
-    print(&reports, output, || {
-        if reports.is_empty() {
-            eprintln!("No FencedLeases in namespace {namespace}.");
-            String::new()
-        } else {
-            report::list_table(&reports, now)
+    match output {
+        None | Some(ReportFormat::Wide) => {
+            if reports.is_empty() {
+                match namespace {
+                    Some(ns) => eprintln!("No FencedLeases in namespace {ns}."),
+                    None => eprintln!("No FencedLeases found."),
+                }
+            } else {
+                let columns = report::Columns {
+                    namespace: namespace.is_none(),
+                    wide: output == Some(ReportFormat::Wide),
+                };
+                print!("{}", report::list_table(&reports, now, columns));
+            }
         }
-    })?;
+        Some(ReportFormat::Name) => {
+            for r in &reports {
+                println!("{LEASE_NAME_PREFIX}{}", r.name);
+            }
+        }
+        Some(ReportFormat::Json) => print_as(&reports, true)?,
+        Some(ReportFormat::Yaml) => print_as(&reports, false)?,
+    }
     Ok(exit::OK)
 }
 
-pub(super) fn acquire_options(holder: &HolderArgs) -> AcquireOptions {
-    AcquireOptions {
-        identity: holder.identity.clone(),
-        wait: holder.wait,
-        ..Default::default()
+pub(super) fn acquire_options(holder: &HolderArgs, timeout: Option<Duration>) -> AcquireOptions {
+    let mut options = AcquireOptions::default();
+    if let Some(identity) = &holder.identity {
+        options = options.identity(identity.clone());
     }
-}
-
-/// A token that is cancelled on SIGINT, SIGTERM or SIGHUP.
-fn interrupt_token() -> tokio_util::sync::CancellationToken {
-    let token = tokio_util::sync::CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        let _ = super::run::next_signal().await;
-        cancel.cancel();
-    });
-    token
+    if let Some(wait) = holder.wait {
+        options = options.wait(wait);
+    }
+    if let Some(timeout) = timeout {
+        options = options.request_timeout(timeout);
+    }
+    options
 }
 
 pub(super) async fn acquire_and_leave(
     client: Client,
     namespace: &str,
     lease: &str,
-    holder: HolderArgs,
-    output: Output,
+    holder: &HolderArgs,
+    output: Option<AcquireFormat>,
+    timeout: Option<Duration>,
 ) -> Result<u8, Failure> {
-    let options = acquire_options(&holder).cancel(interrupt_token());
-    let guard = acquire(client, namespace, lease, options).await?;
+    let mut signals = Signals::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let options = acquire_options(holder, timeout).cancel(cancel.clone());
+    let guard = {
+        let waiting = acquire(client, namespace, lease, options);
+        let mut waiting = std::pin::pin!(waiting);
+        loop {
+            tokio::select! {
+                result = &mut waiting => break result?,
+                sig = signals.recv() => {
+                    if is_terminating(sig) {
+                        cancel.cancel();
+                        let _ = waiting.await;
+                        return Ok(exit::for_signal(sig));
+                    }
+                    if sig == nix::sys::signal::Signal::SIGTSTP {
+                        stop_self();
+                    }
+                }
+            }
+        }
+    };
     let claim = guard.detach();
-    print(&claim, output, || {
-        format!("{}\n", claim.token.map_or("-".into(), |t| t.to_string()))
-    })?;
-    if output == Output::Table {
+    match output {
+        None => println!("{}", claim.token.map_or("-".into(), |t| t.to_string())),
+        Some(AcquireFormat::Name) => println!("{CLAIM_NAME_PREFIX}{}", claim.claim),
+        Some(AcquireFormat::Json) => print_as(&claim, true)?,
+        Some(AcquireFormat::Yaml) => print_as(&claim, false)?,
+    }
+    if output.is_none() {
         eprintln!(
-            "Acquired {lease} (claim {}). Nothing renews it now: it expires {} after this unless released first with `kubectl fence release {lease}`.",
-            claim.claim,
-            humantime::format_duration(claim.lease_duration)
+            "Acquired {lease} (claim {claim_name}). Nothing renews it now: it expires {} after this unless released first with `kubectl fence release {lease} {claim_name}`.",
+            humantime::format_duration(claim.lease_duration),
+            claim_name = claim.claim,
         );
     }
     Ok(exit::OK)
+}
+
+/// Which claims `release` deletes.
+pub(super) enum Which {
+    /// These, by name.
+    Claims(Vec<String>),
+    /// Every claim on the lease, or every one of `identity`.
+    All { identity: Option<String> },
 }
 
 pub(super) async fn release(
     client: Client,
     namespace: &str,
     lease: &str,
-    identity: Option<String>,
-    claim: Option<String>,
+    which: Which,
+    output: Option<NameFormat>,
+    timeout: Option<Duration>,
 ) -> Result<u8, Failure> {
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
-    let identity = identity.unwrap_or_else(default_identity);
-    let listed = read(
-        "list FencedLeaseClaims",
-        claims.list(&ListParams::default()),
-    )
-    .await?;
-    let targets: Vec<FencedLeaseClaim> = listed
-        .items
-        .into_iter()
-        .filter(|c| c.spec.lease_name == lease)
-        .filter(|c| match &claim {
-            Some(name) => c.name_any() == *name,
-            None => c.spec.holder_identity == identity,
-        })
-        .collect();
-    if targets.is_empty() {
-        eprintln!(
-            "No claims on {lease} for {}: nothing to release.",
-            claim.map_or(format!("identity {identity}"), |c| format!("claim {c}"))
-        );
-        return Ok(exit::OK);
-    }
+    let targets: Vec<FencedLeaseClaim> = match &which {
+        Which::Claims(names) => {
+            let mut found = Vec::new();
+            for name in names {
+                let name = name.strip_prefix(CLAIM_NAME_PREFIX).unwrap_or(name);
+                match read("get FencedLeaseClaim", timeout, claims.get_opt(name)).await? {
+                    Some(c) if c.spec.lease_name == lease => found.push(c),
+                    Some(c) => {
+                        return Err(failure(format!(
+                            "claim {name} is on lease {}, not {lease}",
+                            c.spec.lease_name
+                        )));
+                    }
+                    None => {
+                        eprintln!("No claim {name} in namespace {namespace}: nothing to release.")
+                    }
+                }
+            }
+            found
+        }
+        Which::All { identity } => {
+            let listed = read(
+                "list FencedLeaseClaims",
+                timeout,
+                claims.list(&ListParams::default()),
+            )
+            .await?;
+            let found: Vec<FencedLeaseClaim> = listed
+                .items
+                .into_iter()
+                .filter(|c| c.spec.lease_name == lease)
+                .filter(|c| {
+                    identity
+                        .as_ref()
+                        .is_none_or(|i| c.spec.holder_identity == *i)
+                })
+                .collect();
+            if found.is_empty() {
+                eprintln!(
+                    "No claims on {lease}{}: nothing to release.",
+                    identity
+                        .as_ref()
+                        .map_or(String::new(), |i| format!(" for identity {i}"))
+                );
+            }
+            found
+        }
+    };
     for c in targets {
         let name = c.name_any();
+        // Delete exactly the claim that was read (a new claim of the same name is another).
+        let params = DeleteParams {
+            preconditions: c.uid().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
         match read(
             "delete FencedLeaseClaim",
-            claims.delete(&name, &DeleteParams::default()),
+            timeout,
+            claims.delete(&name, &params),
         )
         .await
         {
             Ok(_) => {}
-            Err(f) if f.message.contains("not found") => {}
+            Err(f) if f.message.contains("not found") => continue,
             Err(f) => return Err(f),
         }
         let token = c.status.as_ref().and_then(|s| s.fencing_token);
-        match token {
-            Some(t) => println!("released claim {name} (token {t})"),
-            None => println!("withdrew claim {name}"),
+        match (output, token) {
+            (Some(NameFormat::Name), _) => println!("{CLAIM_NAME_PREFIX}{name}"),
+            (None, Some(t)) => println!("released claim {name} (token {t})"),
+            (None, None) => println!("withdrew claim {name}"),
         }
     }
     Ok(exit::OK)

@@ -3,7 +3,7 @@
 
 use std::process::ExitStatus;
 
-use crate::holder::Error;
+use crate::holder::{Error, LostReason};
 
 /// Success.
 pub const OK: u8 = 0;
@@ -11,31 +11,50 @@ pub const OK: u8 = 0;
 pub const ERROR: u8 = 1;
 /// Bad command line (clap's own code).
 pub const USAGE: u8 = 2;
-/// The Kubernetes API could not be reached or did not answer in time (EX_UNAVAILABLE).
+/// The Kubernetes API could not be reached or did not answer in time (EX_UNAVAILABLE),
+/// within `--wait` when waiting.
 pub const UNAVAILABLE: u8 = 69;
 /// Not acquired within `--wait` (EX_TEMPFAIL): try again later.
 pub const NOT_ACQUIRED: u8 = 75;
 /// The lease was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL after `--grace`.
 pub const LOST: u8 = 76;
-/// RBAC refused a request (EX_NOPERM): bind the holder Role.
+/// The apiserver refused a request or a heartbeat with 403 (EX_NOPERM): bind the holder
+/// Role; a claim may be changed only by its creator. Not a loss: waiting would not help.
 pub const FORBIDDEN: u8 = 77;
 /// CMD exists but could not be executed (as in a shell).
 pub const CANNOT_EXECUTE: u8 = 126;
 /// CMD was not found (as in a shell).
 pub const COMMAND_NOT_FOUND: u8 = 127;
-/// Interrupted (SIGINT) while waiting for the lease: 128 + 2, as in a shell.
-pub const INTERRUPTED: u8 = 130;
+/// The shell's code for "ended by signal N" is 128 + N.
+const SIGNALLED: u8 = 128;
 
 /// The exit code for a failed holder operation.
 pub fn for_error(error: &Error) -> u8 {
     match error {
         Error::Timeout { .. } => NOT_ACQUIRED,
-        Error::Cancelled { .. } => INTERRUPTED,
+        Error::Cancelled { .. } => for_signal(nix::sys::signal::Signal::SIGINT),
+        Error::Lost {
+            reason: LostReason::Forbidden(_),
+            ..
+        }
+        | Error::Forbidden { .. } => FORBIDDEN,
         Error::Lost { .. } => LOST,
-        Error::Forbidden { .. } => FORBIDDEN,
         Error::Unavailable { .. } => UNAVAILABLE,
-        Error::LeaseNotFound { .. } | Error::Kube(_) => ERROR,
+        _ => ERROR,
     }
+}
+
+/// The code for a lease lost while CMD ran: 77 when a heartbeat was forbidden, else 76.
+pub fn for_loss(reason: &LostReason) -> u8 {
+    match reason {
+        LostReason::Forbidden(_) => FORBIDDEN,
+        _ => LOST,
+    }
+}
+
+/// 128 + N for signal N, as in a shell.
+pub fn for_signal(signal: nix::sys::signal::Signal) -> u8 {
+    u8::try_from(i32::from(SIGNALLED) + signal as i32).unwrap_or(ERROR)
 }
 
 /// CMD's own exit code; 128 + N when a signal N ended it, as in a shell.
@@ -86,13 +105,31 @@ mod tests {
                 namespace: "ns".into(),
                 lease: lease(),
             }),
+            for_error(&Error::Lost {
+                lease: lease(),
+                token: Some(3),
+                reason: LostReason::Forbidden("no".into()),
+            }),
         ];
-        assert_eq!(codes, [NOT_ACQUIRED, LOST, UNAVAILABLE, INTERRUPTED, ERROR]);
+        assert_eq!(
+            codes,
+            [NOT_ACQUIRED, LOST, UNAVAILABLE, 130, ERROR, FORBIDDEN]
+        );
         let mut distinct = codes.to_vec();
-        distinct.extend([FORBIDDEN, USAGE, CANNOT_EXECUTE, COMMAND_NOT_FOUND, OK]);
+        distinct.extend([USAGE, CANNOT_EXECUTE, COMMAND_NOT_FOUND, OK]);
         distinct.sort();
         distinct.dedup();
         assert_eq!(distinct.len(), 10);
+    }
+
+    #[test]
+    fn signals_map_to_128_plus_n_and_a_forbidden_heartbeat_to_77() {
+        use nix::sys::signal::Signal;
+        assert_eq!(for_signal(Signal::SIGINT), 130);
+        assert_eq!(for_signal(Signal::SIGTERM), 143);
+        assert_eq!(for_signal(Signal::SIGHUP), 129);
+        assert_eq!(for_loss(&LostReason::Forbidden("x".into())), FORBIDDEN);
+        assert_eq!(for_loss(&LostReason::Expired), LOST);
     }
 
     #[test]

@@ -13,7 +13,11 @@ use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
 pub struct LeaseReport {
     pub namespace: String,
     pub name: String,
+    /// `spec.leaseDurationSeconds`: the duration of the next term.
     pub lease_duration_seconds: i32,
+    /// The running term's duration, fixed at its grant, when the operator says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub term_duration_seconds: Option<i32>,
     /// The last token issued.
     pub token: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,7 +56,22 @@ pub struct QueuedClaim {
     pub claim: String,
     pub identity: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The waiter's last heartbeat (its own clock): a waiter that stopped heartbeating is
+    /// skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub created: Option<Timestamp>,
+}
+
+/// Which columns `list` shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Columns {
+    /// A NAMESPACE column (`-A`).
+    pub namespace: bool,
+    /// DURATION, CLAIM and POD columns (`-o wide`).
+    pub wide: bool,
 }
 
 impl LeaseReport {
@@ -60,7 +79,11 @@ impl LeaseReport {
     pub fn new(lease: &FencedLease, claims: &[FencedLeaseClaim]) -> Self {
         let name = lease.name_any();
         let status = lease.status.clone().unwrap_or_default();
-        let duration = SignedDuration::from_secs(i64::from(lease.spec.lease_duration_seconds));
+        let term = status
+            .lease_duration_seconds
+            .filter(|_| status.holder.is_some());
+        let duration =
+            SignedDuration::from_secs(i64::from(term.unwrap_or(lease.spec.lease_duration_seconds)));
         let mine = || claims.iter().filter(|c| c.spec.lease_name == name);
         let holder = status.holder.as_ref().map(|h| {
             let renew_time = mine()
@@ -87,6 +110,8 @@ impl LeaseReport {
                 position: c.status.as_ref().and_then(|s| s.queue_position),
                 claim: c.name_any(),
                 identity: c.spec.holder_identity.clone(),
+                pod: c.spec.pod_name.clone(),
+                renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
                 created: c.metadata.creation_timestamp.as_ref().map(|t| t.0),
             })
             .collect();
@@ -95,6 +120,7 @@ impl LeaseReport {
             namespace: lease.namespace().unwrap_or_default(),
             name,
             lease_duration_seconds: lease.spec.lease_duration_seconds,
+            term_duration_seconds: term,
             token: status.fencing_token,
             holder,
             waiting,
@@ -102,10 +128,15 @@ impl LeaseReport {
         }
     }
 
-    /// `kubectl fence status` as text, times relative to `now`.
-    pub fn detail(&self, now: Timestamp) -> String {
+    /// `kubectl fence status` as text, times relative to `now`; `wide` adds the waiters'
+    /// pods and heartbeats.
+    pub fn detail(&self, now: Timestamp, wide: bool) -> String {
+        let term = match self.term_duration_seconds {
+            Some(t) if t != self.lease_duration_seconds => format!(", running term {t}s"),
+            _ => String::new(),
+        };
         let mut out = format!(
-            "Lease:     {}/{} (duration {}s)\nToken:     {}\n",
+            "Lease:     {}/{} (duration {}s{term})\nToken:     {}\n",
             self.namespace, self.name, self.lease_duration_seconds, self.token
         );
         match &self.holder {
@@ -136,19 +167,28 @@ impl LeaseReport {
         }
         out.push_str(&format!("Waiting:   {}\n", self.waiting.len()));
         if !self.waiting.is_empty() {
-            let mut rows = vec![vec![
+            let mut header = vec![
                 "  POSITION".to_string(),
                 "CLAIM".into(),
                 "HOLDER".into(),
                 "AGE".into(),
-            ]];
+            ];
+            if wide {
+                header.extend(["POD".into(), "HEARTBEAT".into()]);
+            }
+            let mut rows = vec![header];
             rows.extend(self.waiting.iter().map(|q| {
-                vec![
+                let mut row = vec![
                     format!("  {}", q.position.map_or("-".into(), |p| p.to_string())),
                     q.claim.clone(),
                     q.identity.clone(),
                     q.created.map_or("-".into(), |t| age(t, now)),
-                ]
+                ];
+                if wide {
+                    row.push(q.pod.clone().unwrap_or_else(|| "<none>".into()));
+                    row.push(q.renew_time.map_or("-".into(), |t| relative(t, now)));
+                }
+                row
             }));
             out.push_str(&table(&rows));
         }
@@ -157,18 +197,24 @@ impl LeaseReport {
 }
 
 /// `kubectl fence list` as a table.
-pub fn list_table(reports: &[LeaseReport], now: Timestamp) -> String {
-    let mut rows = vec![vec![
-        "NAME".to_string(),
-        "HOLDER".into(),
-        "TOKEN".into(),
-        "WAITING".into(),
-        "EXPIRES".into(),
-        "AGE".into(),
-    ]];
+pub fn list_table(reports: &[LeaseReport], now: Timestamp, columns: Columns) -> String {
+    let mut header: Vec<String> = Vec::new();
+    if columns.namespace {
+        header.push("NAMESPACE".into());
+    }
+    header.extend(["NAME", "HOLDER", "TOKEN", "WAITING", "EXPIRES"].map(String::from));
+    if columns.wide {
+        header.extend(["DURATION", "CLAIM", "POD"].map(String::from));
+    }
+    header.push("AGE".into());
+    let mut rows = vec![header];
     rows.extend(reports.iter().map(|r| {
         let holder = r.holder.as_ref();
-        vec![
+        let mut row = Vec::new();
+        if columns.namespace {
+            row.push(r.namespace.clone());
+        }
+        row.extend([
             r.name.clone(),
             holder.map_or("<none>".into(), |h| h.identity.clone()),
             r.token.to_string(),
@@ -176,8 +222,21 @@ pub fn list_table(reports: &[LeaseReport], now: Timestamp) -> String {
             holder
                 .and_then(|h| h.expire_time)
                 .map_or("-".into(), |t| relative(t, now)),
-            r.created.map_or("-".into(), |t| age(t, now)),
-        ]
+        ]);
+        if columns.wide {
+            row.extend([
+                format!(
+                    "{}s",
+                    r.term_duration_seconds.unwrap_or(r.lease_duration_seconds)
+                ),
+                holder.map_or("<none>".into(), |h| h.claim.clone()),
+                holder
+                    .and_then(|h| h.pod.clone())
+                    .unwrap_or_else(|| "<none>".into()),
+            ]);
+        }
+        row.push(r.created.map_or("-".into(), |t| age(t, now)));
+        row
     }));
     table(&rows)
 }
@@ -315,7 +374,7 @@ mod tests {
         let queue: Vec<_> = report.waiting.iter().map(|q| q.claim.as_str()).collect();
         assert_eq!(queue, ["db-b", "db-c"]);
 
-        let text = report.detail(now());
+        let text = report.detail(now(), false);
         assert!(text.contains("Token:     7"), "{text}");
         assert!(
             text.contains("Holder:    worker-1 (claim db-a, pod worker-1)"),
@@ -324,7 +383,11 @@ mod tests {
         assert!(text.contains("(in 10s, unless renewed)"), "{text}");
         assert!(text.contains("Waiting:   2"), "{text}");
 
-        let listed = list_table(&[report], now());
+        let wide = report.detail(now(), true);
+        assert!(wide.contains("HEARTBEAT"), "{wide}");
+        assert!(wide.contains("5s ago"), "{wide}");
+
+        let listed = list_table(std::slice::from_ref(&report), now(), Columns::default());
         let lines: Vec<_> = listed.lines().collect();
         assert_eq!(
             lines[0],
@@ -334,13 +397,50 @@ mod tests {
             lines[1],
             "db     worker-1   7       2         in 10s    1m5s"
         );
+        let listed = list_table(
+            &[report],
+            now(),
+            Columns {
+                namespace: true,
+                wide: true,
+            },
+        );
+        let lines: Vec<_> = listed.lines().collect();
+        assert_eq!(
+            lines[0],
+            "NAMESPACE   NAME   HOLDER     TOKEN   WAITING   EXPIRES   DURATION   CLAIM   POD        AGE"
+        );
+        assert_eq!(
+            lines[1],
+            "prod        db     worker-1   7       2         in 10s    15s        db-a    worker-1   1m5s"
+        );
+    }
+
+    #[test]
+    fn the_running_terms_duration_is_shown_and_used_for_expiry() {
+        let lease = lease(serde_json::json!({
+            "fencingToken": 7, "leaseDurationSeconds": 60,
+            "holder": {"claim": "db-a", "claimUid": "u", "identity": "worker-1"},
+        }));
+        let claims = [claim(
+            "db-a",
+            "db",
+            "worker-1",
+            serde_json::json!({"phase": "Granted", "fencingToken": 7}),
+        )];
+        let report = LeaseReport::new(&lease, &claims);
+        assert_eq!(report.term_duration_seconds, Some(60));
+        assert_eq!(
+            report.holder.unwrap().expire_time,
+            Some("2024-01-01T00:02:00Z".parse().unwrap())
+        );
     }
 
     #[test]
     fn a_free_lease_has_no_holder() {
         let report = LeaseReport::new(&lease(serde_json::json!({"fencingToken": 3})), &[]);
         assert_eq!(report.holder, None);
-        assert!(report.detail(now()).contains("Holder:    <none>"));
+        assert!(report.detail(now(), false).contains("Holder:    <none>"));
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["token"], 3);
         assert!(json.get("holder").is_none());

@@ -1,132 +1,277 @@
-//! `kubectl fence run LEASE -- CMD`: hold the lease exactly while CMD runs, and stop CMD when
-//! the lease is lost.
+//! `kubectl fence run LEASE -- CMD`: hold the lease exactly while CMD's process group runs,
+//! like flock(1) and `timeout --foreground`:
+//! - the lease is released only once the whole group is gone (with `--kill-group`, what CMD
+//!   leaves behind is stopped instead of waited for);
+//! - CMD cannot outlive `kubectl fence` (see [`child`](super::child));
+//! - when stdin is the terminal, CMD gets it (an interactive CMD can read it); Ctrl-Z stops
+//!   CMD and `kubectl fence` both, `fg` continues both;
+//! - the signals a shell or a supervisor sends are passed on to CMD's group, none is lost,
+//!   and `kubectl fence` ends with CMD's code (128 + N for a signal N), or 128 + N when a
+//!   signal N ended the wait for the lease;
+//! - when the lease is lost the group gets SIGTERM, then SIGKILL after `--grace`.
 
 use std::time::Duration;
 
 use kube::Client;
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
+use super::child;
+use super::signals::{Signals, is_terminating, stop_self};
 use super::{Failure, HolderArgs, acquire_options, exit};
-use crate::holder::{LeaseGuard, acquire};
+use crate::holder::{LeaseGuard, LostReason, acquire, report};
+
+/// How often the group is looked at even without SIGCHLD (signals coalesce).
+const POLL: Duration = Duration::from_millis(250);
+
+/// What `run` does about processes CMD leaves behind in its group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Kill them (SIGTERM, SIGKILL after `grace`) rather than wait for them.
+    pub kill: bool,
+}
 
 /// Acquires `lease`, runs `command` while holding it, and returns the exit code.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     namespace: &str,
     lease: &str,
-    holder: HolderArgs,
+    holder: &HolderArgs,
+    request_timeout: Option<Duration>,
     grace: Duration,
-    command: Vec<String>,
+    leftovers: Leftovers,
+    command: &[String],
 ) -> Result<u8, Failure> {
     let Some((program, args)) = command.split_first() else {
         return Err(super::failure("no command given"));
     };
-    let interrupted = tokio_util::sync::CancellationToken::new();
-    let options = acquire_options(&holder).cancel(interrupted.clone());
+    // Listen before anything can arrive: from here on, no signal is lost.
+    let mut signals = Signals::new();
+    let mut sigchld = signal(SignalKind::child())
+        .map_err(|e| super::failure(format!("cannot listen to SIGCHLD: {e}")))?;
+    child::become_subreaper();
+
+    let cancel = CancellationToken::new();
+    let options = acquire_options(holder, request_timeout).cancel(cancel.clone());
     let guard = {
         let waiting = acquire(client, namespace, lease, options);
         let mut waiting = std::pin::pin!(waiting);
-        tokio::select! {
-            result = &mut waiting => result?,
-            _ = next_signal() => {
-                interrupted.cancel();
-                // Let acquire withdraw its claim before reporting the interruption.
-                let _ = waiting.await;
-                return Ok(exit::INTERRUPTED);
+        loop {
+            tokio::select! {
+                result = &mut waiting => break result?,
+                sig = signals.recv() => {
+                    if is_terminating(sig) {
+                        cancel.cancel();
+                        // Let acquire withdraw its claim before ending.
+                        let _ = waiting.await;
+                        return Ok(exit::for_signal(sig));
+                    }
+                    if sig == Signal::SIGTSTP {
+                        stop_self();
+                    }
+                }
             }
         }
     };
     let token = guard.token()?;
-    let mut child = match Command::new(program)
-        .args(args)
-        .env("FENCE_TOKEN", token.to_string())
-        .env("FENCE_LEASE", lease)
-        .env("FENCE_HOLDER", guard.identity())
-        .env("FENCE_CLAIM", guard.claim())
-        .env("FENCE_NAMESPACE", namespace)
-        .process_group(0)
-        .spawn()
-    {
-        Ok(child) => child,
+    let take_tty = child::owns_terminal();
+    let env = [
+        ("FENCE_TOKEN", token.to_string()),
+        ("FENCE_LEASE", lease.to_string()),
+        ("FENCE_HOLDER", guard.identity().to_string()),
+        ("FENCE_CLAIM", guard.claim().to_string()),
+        ("FENCE_NAMESPACE", namespace.to_string()),
+    ];
+    let group = match child::spawn(program, args, &env, take_tty) {
+        Ok(pid) => pid,
         Err(e) => {
             eprintln!("kubectl fence: cannot run {program}: {e}");
             release(guard).await;
             return Ok(exit::for_spawn_error(&e));
         }
     };
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
-    tracing::info!(lease, token, claim = guard.claim(), pid = ?group, "running command while holding the lease");
+    if take_tty {
+        child::give_terminal(group);
+    }
+    tracing::info!(
+        lease,
+        token,
+        claim = guard.claim(),
+        pid = group.as_raw(),
+        tty = take_tty,
+        "running command while holding the lease"
+    );
 
-    loop {
+    let mut cmd = Cmd {
+        group,
+        tty: take_tty,
+        status: None,
+    };
+    let mut told = false;
+    let ending = loop {
         tokio::select! {
-            status = child.wait() => {
-                release(guard).await;
-                return Ok(match status {
-                    Ok(status) => exit::for_child(status),
-                    Err(e) => {
-                        eprintln!("kubectl fence: waiting for {program}: {e}");
-                        exit::ERROR
-                    }
-                });
-            }
-            reason = guard.lost() => {
-                eprintln!("kubectl fence: lost {lease} (token {token}): {reason}; stopping {program}");
-                stop(&mut child, group, grace).await;
-                release(guard).await;
-                return Ok(exit::LOST);
-            }
-            sig = next_signal() => {
-                // Pass it on; CMD decides how to end, and its exit ends the run.
-                if let (Some(group), Some(sig)) = (group, sig) {
-                    let _ = killpg(group, sig);
-                }
-            }
+            biased;
+            _ = sigchld.recv() => cmd.reap(),
+            reason = guard.lost() => break Ending::Lost(reason),
+            sig = signals.recv() => cmd.pass_on(sig),
+            _ = tokio::time::sleep(POLL) => cmd.reap(),
+        }
+        let Some(code) = cmd.status else { continue };
+        if !child::group_alive(group) {
+            break Ending::Done(code);
+        }
+        if leftovers.kill {
+            break Ending::Leftovers(code);
+        }
+        if !told {
+            told = true;
+            eprintln!(
+                "kubectl fence: {program} exited; holding {lease} until the processes it left in its group end (--kill-group to stop them instead)"
+            );
+        }
+    };
+    match ending {
+        Ending::Done(code) => {
+            release(guard).await;
+            Ok(code)
+        }
+        Ending::Leftovers(code) => {
+            tracing::info!(lease, "stopping what the command left in its process group");
+            cmd.stop(grace).await;
+            release(guard).await;
+            Ok(code)
+        }
+        Ending::Lost(reason) => {
+            eprintln!("kubectl fence: lost {lease} (token {token}): {reason}; stopping {program}");
+            cmd.stop(grace).await;
+            release(guard).await;
+            Ok(exit::for_loss(&reason))
         }
     }
 }
 
-/// SIGTERM to CMD's process group, then SIGKILL if it has not exited after `grace`.
-async fn stop(child: &mut Child, group: Option<Pid>, grace: Duration) {
-    let Some(group) = group else {
-        return;
-    };
-    let _ = killpg(group, Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+/// How a run ends.
+enum Ending {
+    /// CMD's group is gone; CMD's code.
+    Done(u8),
+    /// CMD exited (its code); what it left in its group is to be stopped.
+    Leftovers(u8),
+    /// The lease was lost.
+    Lost(LostReason),
+}
+
+/// CMD and its process group.
+struct Cmd {
+    /// CMD's PID, which is its group's ID.
+    group: Pid,
+    /// CMD was given the terminal.
+    tty: bool,
+    /// CMD's exit code once it has ended.
+    status: Option<u8>,
+}
+
+impl Cmd {
+    /// Reaps what ended in the group; follows CMD's own exit and stops.
+    fn reap(&mut self) {
+        for status in child::reap(self.group) {
+            match status {
+                WaitStatus::Exited(pid, code) if pid == self.group => {
+                    self.status = Some(u8::try_from(code & 0xff).unwrap_or(exit::ERROR));
+                    self.ended();
+                }
+                WaitStatus::Signaled(pid, sig, _) if pid == self.group => {
+                    self.status = Some(exit::for_signal(sig));
+                    self.ended();
+                }
+                WaitStatus::Stopped(pid, sig) if pid == self.group => self.stopped(sig),
+                _ => {}
+            }
+        }
+    }
+
+    fn ended(&mut self) {
+        if self.tty {
+            child::take_terminal_back();
+            self.tty = false;
+        }
+    }
+
+    /// CMD stopped. With the terminal, Ctrl-Z (or a read or write it may not do) stops CMD
+    /// itself: stop too, so that the shell sees the job stopped; `fg` continues both.
+    fn stopped(&mut self, sig: Signal) {
+        if self.tty && matches!(sig, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU) {
+            child::take_terminal_back();
+            stop_self();
+            // Continued: SIGCONT arrives through `pass_on`, which continues CMD.
+        }
+    }
+
+    /// Passes a signal this process received on to CMD's group.
+    fn pass_on(&mut self, sig: Signal) {
+        match sig {
+            Signal::SIGTSTP => {
+                // Ctrl-Z came to us (CMD does not have the terminal): stop CMD, then ourselves.
+                child::signal_group(self.group, Signal::SIGTSTP);
+                stop_self();
+            }
+            Signal::SIGCONT => {
+                // `fg` gives us the terminal back; `bg` does not, and then CMD must not take it.
+                if self.tty && child::owns_terminal() {
+                    child::give_terminal(self.group);
+                }
+                child::signal_group(self.group, Signal::SIGCONT);
+            }
+            other => {
+                tracing::debug!(signal = %other, "passing signal on to the command");
+                child::signal_group(self.group, other);
+            }
+        }
+    }
+
+    /// SIGTERM to the group (and SIGCONT, in case it is stopped), SIGKILL after `grace`,
+    /// then waits for the group to be gone.
+    async fn stop(&mut self, grace: Duration) {
+        child::signal_group(self.group, Signal::SIGTERM);
+        child::signal_group(self.group, Signal::SIGCONT);
+        if self.wait_gone(grace).await {
+            return;
+        }
         eprintln!(
             "kubectl fence: command still running after {}; killing it",
             humantime::format_duration(grace)
         );
-        let _ = killpg(group, Signal::SIGKILL);
-        let _ = child.wait().await;
+        child::signal_group(self.group, Signal::SIGKILL);
+        if !self.wait_gone(Duration::from_secs(10)).await {
+            eprintln!("kubectl fence: processes of the command's group survived SIGKILL");
+        }
     }
-    // Whatever else is left of the group (CMD exited, its children may not have).
-    let _ = killpg(group, Signal::SIGKILL);
+
+    /// Waits up to `within` for the group to be gone.
+    async fn wait_gone(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            self.reap();
+            if !child::group_alive(self.group) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 async fn release(guard: LeaseGuard) {
     if let Err(e) = guard.release().await {
-        eprintln!("kubectl fence: could not release the claim ({e}); it expires instead");
-    }
-}
-
-/// The next SIGINT, SIGTERM or SIGHUP this process receives.
-pub(super) async fn next_signal() -> Option<Signal> {
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => Some(Signal::SIGINT),
-        _ = term.recv() => Some(Signal::SIGTERM),
-        _ = hup.recv() => Some(Signal::SIGHUP),
+        eprintln!(
+            "kubectl fence: could not release the claim ({}); it expires instead",
+            report(&e)
+        );
     }
 }

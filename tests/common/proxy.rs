@@ -1,0 +1,132 @@
+//! A loopback TCP proxy in front of the apiserver, for one client only, that can be cut (every
+//! connection dropped, new ones refused) and healed: an apiserver outage as that client sees
+//! it, while the operator and the test itself keep their own connections. TLS passes through
+//! untouched (the apiserver's certificate is for 127.0.0.1).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use kube::config::Kubeconfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+
+use super::TestNamespace;
+
+pub struct Proxy {
+    pub port: u16,
+    upstream: u16,
+    cut: Arc<AtomicBool>,
+    /// Milliseconds a new connection waits before it is passed on.
+    delay_ms: Arc<AtomicU64>,
+    connections: Arc<Mutex<Vec<AbortHandle>>>,
+    accept: AbortHandle,
+}
+
+impl Proxy {
+    /// A proxy to the test control plane's apiserver.
+    pub async fn start(ns: &TestNamespace) -> Self {
+        let upstream = ns
+            .client_config()
+            .await
+            .cluster_url
+            .port_u16()
+            .expect("apiserver port");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let accept = tokio::spawn({
+            let (cut, delay_ms, connections) = (cut.clone(), delay_ms.clone(), connections.clone());
+            async move {
+                loop {
+                    let Ok((mut client, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    if cut.load(Ordering::SeqCst) {
+                        drop(client);
+                        continue;
+                    }
+                    let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
+                    let task = tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        if let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                    connections.lock().unwrap().push(task.abort_handle());
+                }
+            }
+        })
+        .abort_handle();
+        Proxy {
+            port,
+            upstream,
+            cut,
+            delay_ms,
+            connections,
+            accept,
+        }
+    }
+
+    /// New connections are passed on only after `delay` (a slow network).
+    pub fn delay_new_connections(&self, delay: Duration) {
+        self.delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Drops every connection and refuses new ones, until [`heal`](Self::heal).
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// An admin kubeconfig that goes through this proxy.
+    pub fn kubeconfig(&self, ns: &TestNamespace, name: &str) -> PathBuf {
+        self.rewrite(
+            ns.admin_kubeconfig(),
+            &std::env::temp_dir().join(format!("{}-{name}.kubeconfig", ns.name)),
+        )
+    }
+
+    /// `kubeconfig` rewritten to go through this proxy, written to `dest`.
+    pub fn rewrite(&self, kubeconfig: &Path, dest: &Path) -> PathBuf {
+        let mut kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+        for cluster in &mut kc.clusters {
+            if let Some(c) = cluster.cluster.as_mut() {
+                c.server = c
+                    .server
+                    .as_ref()
+                    .map(|s| s.replace(&format!(":{}", self.upstream), &format!(":{}", self.port)));
+            }
+        }
+        let yaml = serde_saphyr::to_string(&kc).expect("serialize kubeconfig");
+        std::fs::write(dest, yaml).expect("write kubeconfig");
+        dest.to_path_buf()
+    }
+
+    /// An admin client (no read timeout, as holders use) that goes through this proxy.
+    pub async fn client(&self, ns: &TestNamespace) -> Client {
+        super::client_from_kubeconfig(&self.kubeconfig(ns, &format!("proxy-{}", self.port))).await
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+}
