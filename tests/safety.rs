@@ -3,17 +3,17 @@
 //! does lose the lease, the next grant comes only after its own safe deadline, by at least
 //! its margin. Each scenario runs several times.
 //!
-//! The operator reaches the apiserver through a loopback proxy the test cuts and heals;
-//! holder A through another; holder B directly.
+//! The operator reaches the apiserver through a loopback proxy (`tests/common/proxy.rs`) the
+//! test cuts and heals; holder A through another; holder B directly.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::faults::{Proxy, apiserver_addr, kubeconfig_through};
 use common::operator::OperatorProcess;
-use common::{TestNamespace, client_from_kubeconfig, control_plane, wait_for};
+use common::proxy::Proxy;
+use common::{TestNamespace, wait_for};
 use fenced_lease::api::FencedLease;
 use fenced_lease::holder::{AcquireOptions, Timing, acquire};
 
@@ -56,19 +56,13 @@ async fn holder_of(ns: &TestNamespace, lease: &str) -> Option<String> {
 /// A's margin. Returns that gap.
 async fn run(fault: Fault, attempt: usize) -> Duration {
     let ns = TestNamespace::new(&format!("i9-{attempt}")).await;
-    let cp = control_plane();
-    let upstream = apiserver_addr(&cp.kubeconfig);
-    let op_proxy = Proxy::start(upstream).await;
-    let op = OperatorProcess::start_as(
-        &ns.name,
-        &[],
-        &kubeconfig_through(&cp.kubeconfig, &op_proxy),
-    );
+    let op_proxy = Proxy::start(&ns).await;
+    let op = OperatorProcess::start_as(&ns.name, &[], &op_proxy.kubeconfig(&ns, "operator"));
     ns.create_lease("l", i32::try_from(D).unwrap());
     ns.create_lease("probe", 30);
 
-    let a_proxy = Proxy::start(upstream).await;
-    let a_client = client_from_kubeconfig(&kubeconfig_through(&cp.kubeconfig, &a_proxy)).await;
+    let a_proxy = Proxy::start(&ns).await;
+    let a_client = a_proxy.client(&ns).await;
     let a = acquire(
         a_client,
         &ns.name,

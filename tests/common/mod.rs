@@ -7,7 +7,6 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod cli;
-pub mod faults;
 pub mod fence;
 pub mod operator;
 pub mod proxy;

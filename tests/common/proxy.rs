@@ -22,6 +22,8 @@ pub struct Proxy {
     /// Milliseconds a new connection waits before it is passed on.
     delay_ms: Arc<AtomicU64>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
+    /// Connections refused while cut.
+    refused: Arc<AtomicU64>,
     accept: AbortHandle,
 }
 
@@ -39,14 +41,21 @@ impl Proxy {
         let cut = Arc::new(AtomicBool::new(false));
         let delay_ms = Arc::new(AtomicU64::new(0));
         let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let refused = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let (cut, delay_ms, connections) = (cut.clone(), delay_ms.clone(), connections.clone());
+            let (cut, delay_ms, connections, refused) = (
+                cut.clone(),
+                delay_ms.clone(),
+                connections.clone(),
+                refused.clone(),
+            );
             async move {
                 loop {
                     let Ok((mut client, _)) = listener.accept().await else {
                         continue;
                     };
                     if cut.load(Ordering::SeqCst) {
+                        refused.fetch_add(1, Ordering::SeqCst);
                         drop(client);
                         continue;
                     }
@@ -68,8 +77,14 @@ impl Proxy {
             cut,
             delay_ms,
             connections,
+            refused,
             accept,
         }
+    }
+
+    /// Connections refused while cut (to tell that a partition was really exercised).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
     }
 
     /// New connections are passed on only after `delay` (a slow network).
