@@ -751,7 +751,7 @@ async fn the_holder_cluster_role_is_all_kubectl_fence_needs() {
     assert!(second > first, "tokens grow: {first} then {second}");
     fence(&["status", "db"]);
     fence(&["list"]);
-    fence(&["release", "db"]);
+    fence(&["release", "db", "--all"]);
 
     let granted = audit::granted_to(&work.name, "worker");
     assert_uses_exactly(&user, &granted).await;
