@@ -573,6 +573,10 @@ async fn repair_claims(
         current_claims(ctx, ns, name, fresh)
             .into_iter()
             .filter(|c| c.metadata.deletion_timestamp.is_none())
+            // A claim granted a token above this status's was granted after it was written
+            // (by another replica, between our write and this repair): this status is stale
+            // for it, and must not revoke it.
+            .filter(|c| newest_grant(std::slice::from_ref(c)) <= status.fencing_token)
             .filter_map(|c| {
                 let granted_to = holder
                     .filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()))
