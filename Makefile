@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help test deps lint fmt crds up down
+.PHONY: help test deps lint fmt crds up down bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -28,3 +28,6 @@ up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 
 down: ## stop the local control plane and remove its data
 	@hack/control-plane down
+
+bench: deps ## BENCHMARKS.md's tables in one run (not part of test; BENCH_* options: see hack/bench)
+	@hack/bench
