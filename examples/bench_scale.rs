@@ -75,6 +75,10 @@ struct Args {
     /// Leave the namespaces in place (for a look at them afterwards).
     #[arg(long)]
     keep: bool,
+    /// Instead: create each lease and then its claim, one after the other, while the
+    /// operator runs (as a growing user does); only the grants and memory are measured.
+    #[arg(long)]
+    live: bool,
 }
 
 #[tokio::main]
@@ -148,6 +152,9 @@ async fn measure(
 
     // 1. The outage: leases and claims created while no operator runs.
     let names: Vec<String> = (0..n).map(|i| format!("l-{i}")).collect();
+    if args.live {
+        return live(client, args, results, n, run, ns, &names).await;
+    }
     let took = create_all(
         &leases,
         names.iter().map(|l| lease(l, 3600)).collect(),
@@ -503,4 +510,90 @@ fn top_writes(writes: &BTreeMap<String, f64>, beats: f64) -> String {
         .map(|(w, c)| format!("{w} {:.2}", *c / beats.max(1.0)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Leases and claims created one by one while the operator runs (`--live`).
+async fn live(
+    client: &Client,
+    args: &Args,
+    results: &Results,
+    n: usize,
+    run: usize,
+    ns: &str,
+    names: &[String],
+) -> Res<()> {
+    let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
+    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), ns);
+    let grants = Grants::watch(client, None);
+    grants.synced().await;
+    let log = args.log_dir.join(format!("live-{n}-run{run}-{ns}.log"));
+    let mut operator = Operator::start(&args.operator, Some(ns), ns, &log, &args.rust_log)?;
+    println!(
+        "operator pid {} (namespace {ns} only), log {}",
+        operator.pid,
+        log.display()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = rss_mib(operator.pid);
+    let started = Instant::now();
+    let pp = PostParams::default();
+    let mut next_print = Instant::now();
+    for (i, l) in names.iter().enumerate() {
+        leases.create(&pp, &lease(l, 3600)).await?;
+        claims.create(&pp, &claim(&format!("c-{l}"), l)).await?;
+        if Instant::now() >= next_print {
+            next_print = Instant::now() + Duration::from_secs(5);
+            println!(
+                "t+{:>5.1}s created {i:>6}/{n} granted {:>6}  {}",
+                started.elapsed().as_secs_f64(),
+                grants.granted_in(ns).0,
+                operator.proc_line()
+            );
+        }
+    }
+    let created = started.elapsed();
+    let mut last_count = 0;
+    let mut last_change = Instant::now();
+    loop {
+        let (count, _, _) = grants.granted_in(ns);
+        if count >= n {
+            break;
+        }
+        if count != last_count {
+            (last_count, last_change) = (count, Instant::now());
+        }
+        if last_change.elapsed() > Duration::from_secs(args.stall) || !operator.alive() {
+            let report = failure_report(client, &operator, &[ns], &grants).await;
+            operator.stop();
+            println!("{report}");
+            return fail(format!(
+                "stalled: {count} of {n} granted, none for {} s (log: {})",
+                args.stall,
+                log.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let all = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss = rss_mib(operator.pid);
+    println!(
+        "created {n} leases + claims one by one in {:.1} s; all granted {:.1} s after the first create; RSS {rss:.1} MiB (idle {idle:.1})",
+        created.as_secs_f64(),
+        all.as_secs_f64()
+    );
+    results.value(
+        "scale",
+        "fenced-lease",
+        &format!("N={n}: RSS, leases and claims created one by one"),
+        rss,
+        "MiB",
+        &format!(
+            "idle {idle:.1} MiB; all granted {:.1} s after the first create",
+            all.as_secs_f64()
+        ),
+    );
+    println!("{}", operator.log_summary());
+    operator.stop();
+    Ok(())
 }

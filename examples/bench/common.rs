@@ -285,6 +285,48 @@ pub fn fds(pid: u32) -> (usize, usize) {
     (total, sockets)
 }
 
+/// Client TCP connections to `port` on this machine, by state (from /proc/net/tcp{,6}):
+/// with thousands in SYN_SENT or TIME_WAIT, connecting is what a client waits on.
+pub fn tcp_states(port: u16) -> BTreeMap<&'static str, usize> {
+    let mut states = BTreeMap::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state)) = (fields.get(2), fields.get(3)) else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port != Some(port) {
+                continue;
+            }
+            let name = match *state {
+                "01" => "established",
+                "02" => "syn-sent",
+                "06" => "time-wait",
+                "08" => "close-wait",
+                _ => "other",
+            };
+            *states.entry(name).or_insert(0) += 1;
+        }
+    }
+    states
+}
+
+/// The apiserver's port, from the KUBECONFIG's server URL.
+pub fn apiserver_port() -> u16 {
+    let path = std::env::var("KUBECONFIG").unwrap_or_default();
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .and_then(|url| url.rsplit(':').next()?.trim_end_matches('/').parse().ok())
+        .unwrap_or(0)
+}
+
 /// A free TCP port on loopback (racy, good enough on a quiet machine).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -493,16 +535,18 @@ impl Operator {
         out
     }
 
-    /// One line of the process's figures: CPU, RSS, threads, fds and sockets.
+    /// One line of the process's figures: CPU, RSS, threads, fds and sockets, and the
+    /// machine's TCP connections to the apiserver by state.
     pub fn proc_line(&self) -> String {
         let (fds, sockets) = fds(self.pid);
         format!(
-            "operator pid {}: cpu {:.1} s, rss {:.1} MiB (peak {:.1}), fds {fds} ({sockets} sockets), up {:.0} s",
+            "operator pid {}: cpu {:.1} s, rss {:.1} MiB (peak {:.1}), fds {fds} ({sockets} sockets), up {:.0} s; tcp to apiserver {:?}",
             self.pid,
             cpu_seconds(self.pid),
             rss_mib(self.pid),
             peak_rss_mib(self.pid),
-            self.started.elapsed().as_secs_f64()
+            self.started.elapsed().as_secs_f64(),
+            tcp_states(apiserver_port())
         )
     }
 
