@@ -179,6 +179,7 @@ async fn measure(
     grants.synced().await;
     let log = args.log_dir.join(format!("scale-{n}-run{run}-{ns}.log"));
     let writes_before = apiserver_writes(client).await?;
+    let overflows_before = listen_overflows();
     let mut operator = Operator::start(&args.operator, None, ns, &log, &args.rust_log)?;
     let mut peak_sockets = 0;
     println!(
@@ -250,6 +251,10 @@ async fn measure(
             let report = failure_report(client, &operator, &[ns, probe_ns], &grants).await;
             operator.stop();
             println!("{report}");
+            println!(
+                "connections dropped by full accept queues since the start (kernel ListenOverflows): {}",
+                listen_overflows() - overflows_before
+            );
             let probe = probe.await.ok().and_then(|p| p.ok()).map(|p| {
                 p.map(|d| format!("{:.0} ms", ms(d)))
                     .unwrap_or_else(|e| e.to_string())
@@ -266,6 +271,10 @@ async fn measure(
     let since_start = (last - started).as_secs_f64();
     let rss_granted = rss_mib(operator.pid);
     let peak = peak_rss_mib(operator.pid);
+    let overflows = listen_overflows() - overflows_before;
+    println!(
+        "connections dropped by full accept queues while granting (kernel ListenOverflows): {overflows}"
+    );
     let start_writes = diff(&writes_before, &apiserver_writes(client).await?);
     println!("apiserver writes while granting (per grant):");
     print_writes(&start_writes, n as f64);
@@ -293,7 +302,7 @@ async fn measure(
         &format!("N={n}: operator connections at the start (peak)"),
         peak_sockets as f64,
         "",
-        "sockets in /proc/<pid>/fd",
+        &format!("sockets in /proc/<pid>/fd; {overflows} connects dropped by full accept queues"),
     );
     results.value(
         section,

@@ -316,6 +316,27 @@ pub fn tcp_states(port: u16) -> BTreeMap<&'static str, usize> {
     states
 }
 
+/// The kernel's count of connections dropped because a listening socket's accept queue was
+/// full (TcpExt ListenOverflows, this network namespace): SYNs dropped, retried a second or
+/// more later, which a client with a short connect timeout reports as a connect error.
+pub fn listen_overflows() -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    for pair in lines.chunks(2) {
+        let [names, values] = pair else { continue };
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        let value = names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == "ListenOverflows")
+            .and_then(|(_, v)| v.parse().ok());
+        return value.unwrap_or(0);
+    }
+    0
+}
+
 /// The apiserver's port, from the KUBECONFIG's server URL.
 pub fn apiserver_port() -> u16 {
     let path = std::env::var("KUBECONFIG").unwrap_or_default();
