@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test deps lint fmt crds up down chart-sync chart-test image
+.PHONY: help demo test deps lint fmt crds up down chart-sync chart-test image bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -51,3 +51,6 @@ up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 
 down: ## stop the local control plane and remove its data
 	@hack/control-plane down
+
+bench: deps ## BENCHMARKS.md's tables in one run (not part of test; BENCH_* options: see hack/bench)
+	@hack/bench

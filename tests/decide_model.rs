@@ -205,7 +205,7 @@ impl World {
                     uid: format!("uid-{n}"),
                     created: i64::try_from(n / 3).unwrap(), // several per second: ties happen
                     deleting: false,
-                    pod: if n % 4 == 0 {
+                    pod: if n.is_multiple_of(4) {
                         PodPresence::Present
                     } else {
                         PodPresence::NotNamed

@@ -1,0 +1,618 @@
+//! Side by side, against the same control plane: how long until a candidate holds a free
+//! lease (acquire), holds a lease another holder has just released (hand-over), and holds a
+//! lease whose holder was SIGKILLed (failover, minus the lease duration), for
+//!
+//! - fenced-lease: the library (`fenced_lease::holder::acquire`) and `kubectl fence run`;
+//! - kube-lease-manager (the Rust crate) on a coordination.k8s.io Lease;
+//! - client-go's `tools/leaderelection` (`bench/leaderelection`, built by
+//!   `hack/bench-leaderelection`) on a coordination.k8s.io Lease;
+//!
+//! each with its default timings and with the fastest it allows. Every candidate is its own
+//! process, so a SIGKILL is a real one; each prints `leading <unix ns>` when it holds, and the
+//! figures are that stamp minus the wall-clock instant the bench acted.
+//!
+//! ```console
+//! $ eval "$(hack/control-plane up)"
+//! $ cargo build --release --bin fenced-lease-operator --bin kubectl-fence
+//! $ cargo run --release --example bench_peers -- --leaderelection "$(hack/bench-leaderelection)"
+//! ```
+
+#[path = "bench/common.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand};
+use common::*;
+use fenced_lease::api::FencedLease;
+use kube::api::{Api, PostParams};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::sync::mpsc;
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    candidate: Option<Candidate>,
+    /// The operator binary (for fenced-lease).
+    #[arg(long, default_value = "target/release/fenced-lease-operator")]
+    operator: PathBuf,
+    /// The kubectl-fence binary.
+    #[arg(long, default_value = "target/release/kubectl-fence")]
+    kubectl_fence: PathBuf,
+    /// The client-go leader-election candidate (hack/bench-leaderelection prints its path).
+    #[arg(long)]
+    leaderelection: Option<PathBuf>,
+    /// Samples of each figure when one takes a second or two.
+    #[arg(long, default_value_t = 20)]
+    samples: usize,
+    /// Samples of each figure when one takes a lease duration of 15 s or more.
+    #[arg(long, default_value_t = 5)]
+    slow_samples: usize,
+    /// Only the configurations whose name contains one of these (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Directory for the operator's log.
+    #[arg(long, default_value = "/tmp/fenced-lease-bench")]
+    log_dir: PathBuf,
+    /// Append result rows here (tab-separated; hack/bench renders them).
+    #[arg(long)]
+    results: Option<PathBuf>,
+}
+
+/// A candidate process (the bench runs itself as one).
+#[derive(Subcommand)]
+enum Candidate {
+    /// Takes a FencedLease with the fenced-lease library; SIGTERM releases it.
+    Fenced {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        lease: String,
+        #[arg(long)]
+        identity: String,
+    },
+    /// Takes a coordination.k8s.io Lease with kube-lease-manager; SIGTERM releases it.
+    Klm {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        lease: String,
+        #[arg(long)]
+        identity: String,
+        #[arg(long)]
+        duration: u64,
+        #[arg(long)]
+        grace: u64,
+    },
+}
+
+fn unix_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+fn say(what: &str) {
+    println!("{what} {}", unix_ns());
+    let _ = std::io::stdout().flush();
+}
+
+fn wait_for_go() {
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+async fn run_candidate(candidate: Candidate) -> Res<()> {
+    let client = kube::Client::try_default().await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    match candidate {
+        Candidate::Fenced {
+            namespace,
+            lease,
+            identity,
+        } => {
+            let _ = Api::<FencedLease>::namespaced(client.clone(), &namespace)
+                .get_opt(&lease)
+                .await;
+            say("ready");
+            tokio::task::spawn_blocking(wait_for_go).await?;
+            let options = fenced_lease::holder::AcquireOptions::default()
+                .identity(identity)
+                .wait(Duration::from_secs(600));
+            let guard = fenced_lease::holder::acquire(client, &namespace, &lease, options).await?;
+            say("leading");
+            tokio::select! {
+                _ = term.recv() => guard.release().await?,
+                reason = guard.lost() => { say("stopped"); eprintln!("lost: {reason:?}"); }
+            }
+        }
+        Candidate::Klm {
+            namespace,
+            lease,
+            identity,
+            duration,
+            grace,
+        } => {
+            use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
+            let manager = LeaseManagerBuilder::new(client, lease)
+                .with_namespace(namespace)
+                .with_identity(identity)
+                .with_duration(duration)
+                .with_grace(grace)
+                .with_create_mode(LeaseCreateMode::AutoCreate)
+                .build()
+                .await?;
+            say("ready");
+            tokio::task::spawn_blocking(wait_for_go).await?;
+            let hold = async {
+                loop {
+                    match manager.changed().await {
+                        Ok(true) => say("leading"),
+                        Ok(false) => say("stopped"),
+                        Err(e) => {
+                            eprintln!("kube-lease-manager: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = hold => {}
+                _ = term.recv() => {}
+            }
+            manager.release().await?;
+        }
+    }
+    Ok(())
+}
+
+// --- the systems ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum System {
+    /// fenced-lease library, lease duration in seconds.
+    Library(u32),
+    /// kubectl fence run, lease duration in seconds.
+    Cli(u32),
+    /// kube-lease-manager: duration and grace, seconds.
+    Klm(u64, u64),
+    /// client-go: lease duration, renew deadline, retry period.
+    ClientGo(Duration, Duration, Duration),
+}
+
+struct Config {
+    name: String,
+    system: System,
+    /// The lease duration (failover is reported minus it).
+    duration: Duration,
+    /// The holder's renew period or the waiter's poll period: the random settle before an
+    /// action spans it, so the action falls anywhere in the cycle.
+    period: Duration,
+}
+
+fn configs() -> Vec<Config> {
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    vec![
+        Config {
+            name: "fenced-lease library, 15 s lease (default)".into(),
+            system: System::Library(15),
+            duration: s(15),
+            period: s(5),
+        },
+        Config {
+            name: "fenced-lease library, 1 s lease (fastest)".into(),
+            system: System::Library(1),
+            duration: s(1),
+            period: ms(333),
+        },
+        Config {
+            name: "kubectl fence run, 15 s lease (default)".into(),
+            system: System::Cli(15),
+            duration: s(15),
+            period: s(5),
+        },
+        Config {
+            name: "kubectl fence run, 1 s lease (fastest)".into(),
+            system: System::Cli(1),
+            duration: s(1),
+            period: ms(333),
+        },
+        Config {
+            name: "kube-lease-manager 30/5 s (default)".into(),
+            system: System::Klm(30, 5),
+            duration: s(30),
+            period: s(25),
+        },
+        Config {
+            name: "kube-lease-manager 2/1 s (fastest)".into(),
+            system: System::Klm(2, 1),
+            duration: s(2),
+            period: s(1),
+        },
+        Config {
+            name: "client-go 15/10/2 s (default)".into(),
+            system: System::ClientGo(s(15), s(10), s(2)),
+            duration: s(15),
+            period: s(2),
+        },
+        Config {
+            name: "client-go 1 s/500/100 ms (fastest)".into(),
+            system: System::ClientGo(s(1), ms(500), ms(100)),
+            duration: s(1),
+            period: ms(100),
+        },
+    ]
+}
+
+/// A running candidate and what it prints.
+struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::UnboundedReceiver<(String, i128, Option<i32>)>,
+    /// Process group of kubectl fence run's CMD, to SIGKILL with it.
+    cmd_group: Option<i32>,
+}
+
+impl Proc {
+    fn spawn(mut command: Command) -> Res<Self> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut words = line.split_whitespace();
+                let (Some(kind), Some(stamp)) =
+                    (words.next(), words.next().and_then(|s| s.parse().ok()))
+                else {
+                    continue;
+                };
+                let extra = words.next().and_then(|w| w.parse().ok());
+                let _ = tx.send((kind.to_string(), stamp, extra));
+            }
+        });
+        let stdin = child.stdin.take();
+        Ok(Proc {
+            child,
+            stdin,
+            lines,
+            cmd_group: None,
+        })
+    }
+
+    /// Waits for a line starting with `kind`; returns its stamp.
+    async fn expect(&mut self, kind: &str, timeout: Duration) -> Res<i128> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some((k, stamp, extra))) if k == kind => {
+                    if extra.is_some() {
+                        self.cmd_group = extra;
+                    }
+                    return Ok(stamp);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return fail(format!("candidate exited before saying {kind}")),
+                Err(_) => return fail(format!("candidate did not say {kind} within {timeout:?}")),
+            }
+        }
+    }
+
+    fn go(&mut self) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            let _ = stdin.write_all(b"go\n");
+            let _ = stdin.flush();
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
+    }
+
+    /// SIGKILL, with kubectl fence run's CMD.
+    fn kill(&mut self) {
+        self.signal(Signal::SIGKILL);
+        if let Some(group) = self.cmd_group.take() {
+            let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM (a release), then wait for the exit.
+    async fn release(&mut self) {
+        self.signal(Signal::SIGTERM);
+        for _ in 0..500 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+struct Bench {
+    args: Args,
+    client: kube::Client,
+    ns: String,
+    results: Results,
+}
+
+impl Bench {
+    /// Starts a candidate of `config` for `lease`; returns once it is ready to go.
+    async fn candidate(&self, config: &Config, lease: &str) -> Res<Proc> {
+        let identity = format!("cand-{:08x}", rand::random::<u32>());
+        let me = std::env::current_exe()?;
+        let mut proc = match &config.system {
+            System::Library(_) => {
+                let mut c = Command::new(me);
+                c.args([
+                    "fenced",
+                    "--namespace",
+                    &self.ns,
+                    "--lease",
+                    lease,
+                    "--identity",
+                    &identity,
+                ]);
+                Proc::spawn(c)?
+            }
+            System::Klm(d, g) => {
+                let mut c = Command::new(me);
+                c.args([
+                    "klm",
+                    "--namespace",
+                    &self.ns,
+                    "--lease",
+                    lease,
+                    "--identity",
+                    &identity,
+                ]);
+                c.args(["--duration", &d.to_string(), "--grace", &g.to_string()]);
+                Proc::spawn(c)?
+            }
+            System::ClientGo(d, r, p) => {
+                let bin = self
+                    .args
+                    .leaderelection
+                    .as_ref()
+                    .ok_or("--leaderelection is not set")?;
+                let mut c = Command::new(bin);
+                c.args([
+                    "-namespace",
+                    &self.ns,
+                    "-name",
+                    lease,
+                    "-identity",
+                    &identity,
+                    "-wait-stdin",
+                ]);
+                c.args(["-lease-duration", &format!("{}ms", d.as_millis())]);
+                c.args(["-renew-deadline", &format!("{}ms", r.as_millis())]);
+                c.args(["-retry-period", &format!("{}ms", p.as_millis())]);
+                Proc::spawn(c)?
+            }
+            System::Cli(_) => {
+                // No "ready": the CLI is timed from its start, as a user's shell sees it.
+                let mut c = Command::new(&self.args.kubectl_fence);
+                c.args(["run", lease, "-n", &self.ns, "--identity", &identity, "--"]);
+                c.args([
+                    "sh",
+                    "-c",
+                    "echo leading $(date +%s%N) $$; exec sleep 100000",
+                ]);
+                return Proc::spawn(c);
+            }
+        };
+        proc.expect("ready", Duration::from_secs(30)).await?;
+        Ok(proc)
+    }
+
+    async fn fenced_lease(&self, name: &str, duration: u32) -> Res<()> {
+        let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), &self.ns);
+        leases
+            .create(&PostParams::default(), &lease(name, duration))
+            .await?;
+        // The operator puts its finalizer on before the first grant.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(())
+    }
+
+    /// Creates the lease a config needs (FencedLease for fenced-lease; the peers create their own).
+    async fn prepare(&self, config: &Config, name: &str) -> Res<()> {
+        match config.system {
+            System::Library(d) | System::Cli(d) => self.fenced_lease(name, d).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn settle(&self, config: &Config) {
+        let jitter = config.period.mul_f64(rand::random::<f64>());
+        tokio::time::sleep(Duration::from_millis(300) + jitter).await;
+    }
+
+    async fn measure(&self, config: &Config, index: usize) -> Res<()> {
+        let slow = config.duration >= Duration::from_secs(15);
+        let n = self.args.samples;
+        let n_slow = if slow { self.args.slow_samples } else { n };
+        let timeout = config.duration * 3 + Duration::from_secs(30);
+        let section = "latency";
+
+        // Acquire: a free lease, a fresh one each time.
+        let mut acquire = vec![];
+        for i in 0..n {
+            let lease = format!("c{index}-free-{i}");
+            self.prepare(config, &lease).await?;
+            let mut cand;
+            let t0;
+            if let System::Cli(_) = config.system {
+                t0 = unix_ns();
+                cand = self.candidate(config, &lease).await?;
+            } else {
+                cand = self.candidate(config, &lease).await?;
+                t0 = unix_ns();
+                cand.go();
+            }
+            let at = cand.expect("leading", timeout).await?;
+            acquire.push((at - t0) as f64 / 1e6);
+            cand.release().await;
+        }
+        self.results.samples(
+            section,
+            &config.name,
+            "acquire a free lease",
+            &acquire,
+            "ms",
+            "",
+        );
+
+        // Hand-over: the holder releases (SIGTERM: a graceful stop), the waiter takes over.
+        let lease = format!("c{index}-handover");
+        self.prepare(config, &lease).await?;
+        let mut holder = self.candidate(config, &lease).await?;
+        holder.go();
+        holder.expect("leading", timeout).await?;
+        let mut handover = vec![];
+        for _ in 0..n_slow {
+            let mut waiter = self.candidate(config, &lease).await?;
+            waiter.go();
+            self.settle(config).await;
+            let t0 = unix_ns();
+            holder.signal(Signal::SIGTERM);
+            let at = waiter.expect("leading", timeout).await?;
+            handover.push((at - t0) as f64 / 1e6);
+            holder.release().await;
+            holder = waiter;
+        }
+        holder.release().await;
+        self.results.samples(
+            section,
+            &config.name,
+            "hand-over after release",
+            &handover,
+            "ms",
+            "",
+        );
+
+        // Failover: the holder is SIGKILLed; figures are minus the lease duration.
+        let lease = format!("c{index}-failover");
+        self.prepare(config, &lease).await?;
+        let mut holder = self.candidate(config, &lease).await?;
+        holder.go();
+        holder.expect("leading", timeout).await?;
+        let mut failover = vec![];
+        for _ in 0..n_slow {
+            let mut waiter = self.candidate(config, &lease).await?;
+            waiter.go();
+            self.settle(config).await;
+            let t0 = unix_ns();
+            holder.kill();
+            let at = waiter.expect("leading", timeout).await?;
+            failover.push((at - t0) as f64 / 1e6 - ms(config.duration));
+            holder = waiter;
+        }
+        holder.release().await;
+        self.results.samples(
+            section,
+            &config.name,
+            "failover after SIGKILL, minus lease duration",
+            &failover,
+            "ms",
+            &format!("lease duration {} s", config.duration.as_secs_f64()),
+        );
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Some(candidate) = args.candidate {
+        if let Err(e) = run_candidate(candidate).await {
+            eprintln!("candidate: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Err(e) = bench(args).await {
+        eprintln!("bench_peers: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn bench(args: Args) -> Res<()> {
+    let client = client().await?;
+    let ns = namespace(&client, "peers").await?;
+    let _ = std::fs::create_dir_all(&args.log_dir);
+    let log = args.log_dir.join(format!("peers-{ns}.log"));
+    let mut operator = Operator::start(&args.operator, Some(&ns), &ns, &log, "info")?;
+    println!(
+        "namespace {ns}; operator pid {} (log {})",
+        operator.pid,
+        log.display()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let results = Results::new(args.results.clone());
+    let bench = Bench {
+        args,
+        client: client.clone(),
+        ns: ns.clone(),
+        results,
+    };
+    let started = Instant::now();
+    let mut outcome = Ok(());
+    for (index, config) in configs().iter().enumerate() {
+        if !bench.args.only.is_empty()
+            && !bench
+                .args
+                .only
+                .iter()
+                .any(|o| config.name.contains(o.as_str()))
+        {
+            continue;
+        }
+        if let System::ClientGo(..) = config.system
+            && bench.args.leaderelection.is_none()
+        {
+            println!(
+                "skipping {}: no --leaderelection binary (hack/bench-leaderelection builds it)",
+                config.name
+            );
+            continue;
+        }
+        println!(
+            "-- {} ({:.0} s so far)",
+            config.name,
+            started.elapsed().as_secs_f64()
+        );
+        if let Err(e) = bench.measure(config, index).await {
+            println!("FAILED: {}: {e}", config.name);
+            println!(
+                "{}",
+                failure_report(&client, &operator, &[&ns], &Grants::default()).await
+            );
+            outcome = Err(e);
+            break;
+        }
+    }
+    operator.stop();
+    println!("{}", operator.log_summary());
+    cleanup(&client, &ns).await;
+    outcome
+}
