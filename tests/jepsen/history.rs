@@ -155,11 +155,15 @@ pub enum Event {
         called: u64,
         reason: String,
     },
-    /// `lost()` resolved.
+    /// `lost()` resolved. `deadline_in`: how far ahead the holder's own safe deadline still
+    /// was at that instant (ns; negative when it had passed).
     Lost {
         lease: String,
         claim: String,
         reason: String,
+        /// The operator ended the hold (expired the claim, or granted the lease on).
+        by_operator: bool,
+        deadline_in: i64,
     },
     /// The holder let go: `release` (or drop, or detach to let the claim expire).
     Released {
@@ -242,6 +246,8 @@ pub enum Event {
         kind: FaultKind,
         detail: String,
         target: Option<Target>,
+        /// The lease it acts on, if one.
+        lease: Option<String>,
     },
     FaultEnd {
         kind: FaultKind,

@@ -34,6 +34,17 @@ pub struct Nemesis<'a> {
 
 impl Nemesis<'_> {
     fn start(&self, kind: FaultKind, detail: String, target: Option<Target>) {
+        let lease = target.as_ref().map(|t| t.lease.clone());
+        self.start_on(kind, detail, target, lease);
+    }
+
+    fn start_on(
+        &self,
+        kind: FaultKind,
+        detail: String,
+        target: Option<Target>,
+        lease: Option<String>,
+    ) {
         eprintln!(
             "jepsen: {:>8.1}s  fault {}: {detail}",
             self.elapsed(),
@@ -43,6 +54,7 @@ impl Nemesis<'_> {
             kind,
             detail,
             target,
+            lease,
         });
     }
 
@@ -337,7 +349,7 @@ impl Nemesis<'_> {
         let (lease, duration) = LEASES[self.rng.random_range(0..LEASES.len())];
         let ns = &self.cluster.ns;
         let target = self.held(false).await.filter(|t| t.lease == lease);
-        self.start(
+        self.start_on(
             kind,
             format!(
                 "delete lease {lease}{}, create it again",
@@ -348,6 +360,7 @@ impl Nemesis<'_> {
                 }
             ),
             target,
+            Some(lease.to_string()),
         );
         let api = ns.api::<FencedLease>();
         let _ = api.delete(lease, &DeleteParams::default()).await;
@@ -390,7 +403,7 @@ impl Nemesis<'_> {
         };
         let api = self.cluster.ns.api::<FencedLease>();
         let patch = |d: u64| Patch::Merge(serde_json::json!({"spec": {"leaseDurationSeconds": d}}));
-        self.start(
+        self.start_on(
             kind,
             format!(
                 "lease {lease}: leaseDurationSeconds {base} -> 1 while held{}",
@@ -400,6 +413,7 @@ impl Nemesis<'_> {
                     .unwrap_or_default()
             ),
             target,
+            Some(lease.clone()),
         );
         let lowered = api.patch(&lease, &PatchParams::default(), &patch(1)).await;
         let keep = self.secs(2.0 * base as f64 + 1.0, 2.0 * base as f64);

@@ -15,14 +15,16 @@ use crate::cluster::{Cluster, LEASES};
 use crate::history::{self, FaultKind, Recorder};
 use crate::nemesis::{Nemesis, Pace};
 
-pub const USAGE: &str = "usage: jepsen [--profile short|long] [--seed N] [--duration 20m] [--keep]
+pub const USAGE: &str =
+    "usage: jepsen [--profile short|long] [--seed N] [--duration 20m] [--keep] [--strict]
        jepsen --check DIR      (check a kept history again)
 
   --profile   short: every fault once, short faults (the default; make test)
               long: every fault once, then faults at random until --duration (make soak)
   --seed      the random seed (default: random; printed, to replay a run's faults)
   --duration  how long the long profile injects faults (default 20m)
-  --keep      keep the history directory even when the run passes";
+  --keep      keep the history directory even when the run passes
+  --strict    fail on violations of known, unfixed bugs too (to check a fix)";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -36,6 +38,7 @@ pub struct Options {
     pub seed: u64,
     pub duration: Duration,
     pub keep: bool,
+    pub strict: bool,
     pub check: Option<PathBuf>,
 }
 
@@ -48,6 +51,7 @@ impl Options {
             seed: rand::random::<u32>().into(),
             duration: Duration::from_secs(20 * 60),
             keep: false,
+            strict: false,
             check: None,
         };
         let mut args = args.peekable();
@@ -81,6 +85,7 @@ impl Options {
                         .map_err(|e| format!("--duration: {e} (e.g. 20m, 1h)"))?
                 }
                 "--keep" => options.keep = true,
+                "--strict" => options.strict = true,
                 "--check" => options.check = Some(value("--check")?.into()),
                 "--help" | "-h" => {
                     println!("{USAGE}");
@@ -222,13 +227,25 @@ fn check(dir: &std::path::Path, options: &Options) -> bool {
             return false;
         }
     };
-    let report = checker::check(&entries, &Config::default());
+    let config = Config {
+        allow_known: !options.strict,
+        ..Config::default()
+    };
+    let report = checker::check(&entries, &config);
     println!(
         "\njepsen: seed {}, {} events ({damaged} lines cut short by a kill)",
         options.seed,
         entries.len()
     );
     println!("{report}");
+    if let Some(v) = report.known.first() {
+        println!(
+            "jepsen: first violation of a known bug ({}) at {}:\n  {}",
+            v.kind.name(),
+            report.secs(v.at),
+            v.message
+        );
+    }
     match report.first_violation() {
         None => {
             println!("jepsen: no violations");

@@ -17,7 +17,7 @@ use std::time::Duration;
 use fenced_lease::api::FencedLease;
 use fenced_lease::fence;
 use fenced_lease::fence::postgres::FencedTable;
-use fenced_lease::holder::{AcquireOptions, LeaseHandle, acquire};
+use fenced_lease::holder::{AcquireOptions, LeaseHandle, LostReason, acquire};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use rand::rngs::StdRng;
@@ -444,10 +444,18 @@ fn ask(rec: &Recorder, handle: &LeaseHandle) -> Option<i64> {
 
 async fn record_loss(rec: Arc<Recorder>, handle: LeaseHandle) {
     let reason = handle.lost().await;
+    let now = std::time::Instant::now();
+    let deadline = handle.deadline();
+    let deadline_in = match deadline.checked_duration_since(now) {
+        Some(ahead) => i64::try_from(ahead.as_nanos()).unwrap_or(i64::MAX),
+        None => -i64::try_from(now.duration_since(deadline).as_nanos()).unwrap_or(i64::MAX),
+    };
     rec.record(Event::Lost {
         lease: handle.lease().into(),
         claim: handle.claim().into(),
         reason: reason.to_string(),
+        by_operator: matches!(reason, LostReason::Expired | LostReason::Superseded { .. }),
+        deadline_in,
     });
 }
 
