@@ -193,6 +193,11 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// Violations a known, unfixed bug explains (see [`KNOWN_BUGS`]): reported, not failing.
     pub known: Vec<Violation>,
+    /// Writes to fenced objects the apiserver refused because it could not configure the
+    /// lease policy (its CRD paramKind not resolved yet after a restart, kubernetes#124237):
+    /// how many, and the longest time after the end of a control-plane restart one came (ns).
+    pub policy_unconfigured: usize,
+    pub policy_unconfigured_after_restart: Option<u64>,
     /// Holder kills whose re-grant was checked, and those skipped (no live waiter, or
     /// another fault or the end of the run inside the window).
     pub liveness_checked: usize,
@@ -294,6 +299,15 @@ impl fmt::Display for Report {
         for kind in Kind::ALL {
             row(f, kind.name(), self.count(kind).to_string())?;
         }
+        if self.policy_unconfigured > 0 {
+            writeln!(
+                f,
+                "object writes refused while the apiserver could not configure the lease policy (kubernetes#124237): {}, the last {} after a control-plane restart",
+                self.policy_unconfigured,
+                self.policy_unconfigured_after_restart
+                    .map_or("-".into(), |ns| format!("{:.1} s", ns as f64 / 1e9)),
+            )?;
+        }
         if !self.known.is_empty() {
             writeln!(
                 f,
@@ -358,7 +372,25 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
 
 fn count(entries: &[&Entry], r: &mut Report) {
     let mut resource_of: HashMap<&str, Resource> = HashMap::new();
+    let mut restarted: Option<u64> = None;
     for e in entries {
+        match &e.ev {
+            Event::FaultEnd {
+                kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
+                ..
+            } => restarted = Some(e.t),
+            Event::WriteFailed { error, .. } if error.contains("failed to configure policy") => {
+                r.policy_unconfigured += 1;
+                if let Some(at) = restarted {
+                    let after = e.t.saturating_sub(at);
+                    r.policy_unconfigured_after_restart = Some(
+                        r.policy_unconfigured_after_restart
+                            .map_or(after, |a| a.max(after)),
+                    );
+                }
+            }
+            _ => {}
+        }
         match &e.ev {
             Event::Waiting { .. } => r.acquire_attempts += 1,
             Event::Spawned { process, .. } if process.starts_with("cli-") => {
