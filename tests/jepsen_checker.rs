@@ -459,6 +459,33 @@ fn an_expiry_before_the_holders_deadline_is_caught() {
         )
         .at(2_410, "holder-0.0", lost(700, true));
     assert!(h.check().violations.is_empty());
+    // Nor when it was granted while the nemesis was deleting the lease (seed 20261130).
+    let mut h = History::default();
+    h.at(
+        5,
+        "nemesis",
+        Event::FaultStart {
+            kind: FaultKind::DeleteTokenRecords,
+            detail: String::new(),
+            target: None,
+            lease: Some("a".into()),
+        },
+    )
+    .holds("holder-0.0", "a", "a-1", 100, 10, 40)
+    .at(50, "holder-0.0", lost(2_500, true))
+    .at(
+        300,
+        "nemesis",
+        Event::FaultEnd {
+            kind: FaultKind::DeleteTokenRecords,
+            detail: String::new(),
+        },
+    );
+    assert!(
+        h.check().violations.is_empty(),
+        "{:#?}",
+        h.check().violations
+    );
 }
 
 /// A violation a known, unfixed bug explains is reported apart, not failing the run, unless

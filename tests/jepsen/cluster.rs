@@ -41,6 +41,7 @@ pub const CLI_HOLDERS: usize = 1;
 /// that loses leadership exits) unless a fault keeps it down.
 pub struct Replica {
     pub name: String,
+    binary: PathBuf,
     pub proxy: Proxy,
     kubeconfig: PathBuf,
     log: PathBuf,
@@ -57,7 +58,7 @@ impl Replica {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_fenced-lease-operator"))
+        tokio::process::Command::new(&self.binary)
             .args([
                 "--namespace",
                 &self.namespace,
@@ -133,6 +134,9 @@ pub struct Cluster {
     pub postgres: String,
     pub redis: String,
     pub seed: u64,
+    /// This run's own links to the operator and `kubectl-fence` binaries.
+    operator: PathBuf,
+    kubectl_fence: PathBuf,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     observer: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -183,6 +187,8 @@ impl Cluster {
             .expect("insert row");
         }
 
+        let operator = pin_binary(env!("CARGO_BIN_EXE_fenced-lease-operator"), run_dir);
+        let kubectl_fence = pin_binary(env!("CARGO_BIN_EXE_kubectl-fence"), run_dir);
         let (grants, _) = broadcast::channel(1024);
         let mut cluster = Cluster {
             kubeconfig: cp.kubeconfig.clone(),
@@ -196,6 +202,8 @@ impl Cluster {
             postgres: stores.postgres.clone(),
             redis: stores.redis.clone(),
             seed,
+            operator,
+            kubectl_fence,
             tasks: vec![],
             observer: vec![],
         };
@@ -205,6 +213,7 @@ impl Cluster {
             let proxy = Proxy::start(upstream).await;
             let replica = Arc::new(Replica {
                 name: format!("op-{i}"),
+                binary: cluster.operator.clone(),
                 kubeconfig: kubeconfig_through(&cp.kubeconfig, &proxy),
                 proxy,
                 log: run_dir.join(format!("op-{i}.log")),
@@ -285,6 +294,7 @@ impl Cluster {
 
     fn supervise_slot(&mut self, slot: Arc<Slot>) {
         let (rec, stopping) = (self.runner.clone(), self.stopping.clone());
+        let kubectl_fence = self.kubectl_fence.clone();
         let base = Settings {
             process: String::new(),
             namespace: self.ns.name.clone(),
@@ -314,8 +324,7 @@ impl Cluster {
                         cmd
                     }
                     Kind::Cli => {
-                        let mut cmd =
-                            tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-fence"));
+                        let mut cmd = tokio::process::Command::new(&kubectl_fence);
                         cmd.args([
                             "run",
                             &slot.lease,
@@ -630,6 +639,31 @@ impl Cluster {
             replica.signal(Signal::SIGKILL);
         }
     }
+}
+
+/// A hard link to `binary` in the run directory, so that the whole run uses the binary it
+/// started with, whatever rebuilds `target/` meanwhile (a long run outlasts many builds);
+/// warns when the binary was not built from this source tree (a shared target directory).
+fn pin_binary(binary: &str, run_dir: &Path) -> PathBuf {
+    let source = Path::new(binary);
+    let dir = run_dir.join("bin");
+    std::fs::create_dir_all(&dir).expect("bin dir");
+    let pinned = dir.join(source.file_name().expect("a file name"));
+    if std::fs::hard_link(source, &pinned).is_err() {
+        std::fs::copy(source, &pinned).expect("copy the binary");
+    }
+    let ours = env!("CARGO_MANIFEST_DIR");
+    let built_here = std::process::Command::new("grep")
+        .args(["-qaF", ours])
+        .arg(&pinned)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built_here {
+        eprintln!(
+            "jepsen: WARNING: {binary} does not name {ours}: it was built from another source tree sharing the target directory"
+        );
+    }
+    pinned
 }
 
 async fn wait_flag(flag: &AtomicBool) {

@@ -209,6 +209,7 @@ pub async fn main(options: Options) -> bool {
     let passed = check(&run_dir, &options);
     cluster.cleanup().await;
     drop(cluster);
+    let _ = std::fs::remove_dir_all(run_dir.join("bin"));
     eprintln!("jepsen: took {:.0?}", started.elapsed());
     if passed && !options.keep {
         let _ = std::fs::remove_dir_all(&run_dir);
@@ -232,9 +233,12 @@ fn check(dir: &std::path::Path, options: &Options) -> bool {
         ..Config::default()
     };
     let report = checker::check(&entries, &config);
+    let what = match &options.check {
+        Some(dir) => format!("history {}", dir.display()),
+        None => format!("seed {}", options.seed),
+    };
     println!(
-        "\njepsen: seed {}, {} events ({damaged} lines cut short by a kill)",
-        options.seed,
+        "\njepsen: {what}, {} events ({damaged} lines cut short by a kill)",
         entries.len()
     );
     println!("{report}");
