@@ -76,3 +76,54 @@ async fn a_waiter_granted_after_the_duration_was_lowered_holds_by_its_term() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A lease deleted while held and created again under the same name (the recreate-lease
+/// nemesis, with a holder that cannot hear of the deletion): tokens continue above the old
+/// ones (I1), but the new lease is granted at once, while the old holder, cut off from the
+/// apiserver, still counts itself the holder until its own safe deadline. The suite's holders
+/// are never partitioned, so they learn of the deletion within milliseconds and the run did
+/// not show it; this test does.
+#[tokio::test]
+#[ignore = "gap: deleting a held lease does not wait for its holder's safe deadline, so a re-created lease can be granted while a partitioned holder still holds (found designing tests/jepsen's recreate-lease)"]
+async fn a_recreated_lease_is_not_granted_before_the_old_holders_deadline() {
+    use common::client_from_kubeconfig;
+    use common::faults::{Proxy, apiserver_addr, kubeconfig_through};
+
+    let ns = TestNamespace::new("recreated-held").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("l", 5);
+    let cp = common::control_plane();
+    let a_proxy = Proxy::start(apiserver_addr(&cp.kubeconfig)).await;
+    let a_client = client_from_kubeconfig(&kubeconfig_through(&cp.kubeconfig, &a_proxy)).await;
+    let a = acquire(
+        a_client,
+        &ns.name,
+        "l",
+        AcquireOptions::default().identity("A").wait(WAIT),
+    )
+    .await
+    .expect("A acquires");
+    let a_token = a.token().expect("A holds");
+
+    a_proxy.cut(); // A keeps running, but hears nothing more
+    ns.delete_lease("l").await;
+    ns.create_lease("l", 5);
+    let b = acquire(
+        ns.holder_client().await,
+        &ns.name,
+        "l",
+        AcquireOptions::default().identity("B").wait(WAIT),
+    )
+    .await
+    .expect("B acquires the re-created lease");
+    let b_token = b.token().expect("B holds");
+    assert!(
+        b_token > a_token,
+        "I1: B's token {b_token} after A's {a_token}"
+    );
+    assert!(
+        a.token().is_err(),
+        "B holds the re-created lease (token {b_token}) while A still holds token {a_token} for {:?} more",
+        a.deadline().saturating_duration_since(Instant::now())
+    );
+}
