@@ -22,7 +22,7 @@ use tokio::sync::broadcast;
 
 use crate::common::faults::{Proxy, apiserver_addr, kubeconfig_through};
 use crate::common::{TestNamespace, control_plane};
-use crate::history::{Event, LogEntry, Recorder, Resource};
+use crate::history::{Event, LogEntry, Recorder, Resource, Target};
 use crate::worker::{Settings, config_map_name, pg_table, redis_key};
 use fenced_lease::api::{FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 
@@ -96,6 +96,13 @@ impl Replica {
     }
 }
 
+/// A grant as the observer saw it: the new holder, and how many claims wait behind it.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub target: Target,
+    pub waiting: i32,
+}
+
 /// What kind of holder a slot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -110,6 +117,9 @@ pub struct Slot {
     pub kind: Kind,
     /// The running incarnation: its process name (the holder identity) and pid.
     pub current: std::sync::Mutex<Option<(String, u32)>>,
+    /// A library holder reaches the apiserver through its own proxy (to be cut off alone).
+    pub proxy: Option<Proxy>,
+    kubeconfig: PathBuf,
 }
 
 impl Slot {
@@ -129,7 +139,7 @@ pub struct Cluster {
     pub slots: Vec<Arc<Slot>>,
     pub runner: Arc<Recorder>,
     /// Grants as the observer sees them: (lease, token).
-    pub grants: broadcast::Sender<(String, i64)>,
+    pub grants: broadcast::Sender<Grant>,
     pub stopping: Arc<AtomicBool>,
     pub postgres: String,
     pub redis: String,
@@ -231,6 +241,14 @@ impl Cluster {
                 .chain((0..CLI_HOLDERS).map(|_| Kind::Cli));
             for kind in slots {
                 let n = cluster.slots.len();
+                let proxy = match kind {
+                    Kind::Library => Some(Proxy::start(upstream).await),
+                    Kind::Cli => None,
+                };
+                let kubeconfig = proxy.as_ref().map_or_else(
+                    || cp.kubeconfig.clone(),
+                    |p| kubeconfig_through(&cp.kubeconfig, p),
+                );
                 let slot = Arc::new(Slot {
                     name: match kind {
                         Kind::Library => format!("holder-{n}"),
@@ -239,6 +257,8 @@ impl Cluster {
                     lease: lease.into(),
                     kind,
                     current: std::sync::Mutex::new(None),
+                    proxy,
+                    kubeconfig,
                 });
                 cluster.supervise_slot(slot.clone());
                 cluster.slots.push(slot);
@@ -299,7 +319,7 @@ impl Cluster {
             process: String::new(),
             namespace: self.ns.name.clone(),
             lease: slot.lease.clone(),
-            kubeconfig: self.kubeconfig.clone(),
+            kubeconfig: slot.kubeconfig.clone(),
             run_dir: self.run_dir.clone(),
             postgres: self.postgres.clone(),
             redis: self.redis.clone(),
@@ -410,8 +430,21 @@ impl Cluster {
                             waiting: status.waiting,
                         });
                         let now = (holder.clone(), status.fencing_token);
-                        if holder.is_some() && last.get(&name) != Some(&now) {
-                            let _ = grants.send((name.clone(), status.fencing_token));
+                        if let Some(h) = &status.holder
+                            && last.get(&name) != Some(&now)
+                        {
+                            let _ = grants.send(Grant {
+                                target: Target {
+                                    process: h.identity.clone(),
+                                    lease: name.clone(),
+                                    claim: h.claim.clone(),
+                                    token: status.fencing_token,
+                                    term: status
+                                        .lease_duration_seconds
+                                        .unwrap_or(lease.spec.lease_duration_seconds),
+                                },
+                                waiting: status.waiting,
+                            });
                         }
                         last.insert(name, now);
                     }
@@ -504,6 +537,9 @@ impl Cluster {
         }
         for slot in &self.slots {
             slot.signal(Signal::SIGCONT);
+            if let Some(proxy) = &slot.proxy {
+                proxy.heal();
+            }
         }
         std::fs::write(Settings::stop_file(&self.run_dir), "").expect("STOP file");
         self.stopping.store(true, Ordering::SeqCst);

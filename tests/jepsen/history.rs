@@ -67,6 +67,7 @@ pub struct LogEntry {
 pub enum FaultKind {
     PauseHolder,
     KillHolder,
+    PartitionHolder,
     KillOperatorMidGrant,
     PauseOperator,
     PartitionOperator,
@@ -79,9 +80,10 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::PauseHolder,
         FaultKind::KillHolder,
+        FaultKind::PartitionHolder,
         FaultKind::KillOperatorMidGrant,
         FaultKind::PauseOperator,
         FaultKind::PartitionOperator,
@@ -97,6 +99,7 @@ impl FaultKind {
         match self {
             FaultKind::PauseHolder => "pause-holder",
             FaultKind::KillHolder => "kill-holder",
+            FaultKind::PartitionHolder => "partition-holder",
             FaultKind::KillOperatorMidGrant => "kill-operator-mid-grant",
             FaultKind::PauseOperator => "pause-operator",
             FaultKind::PartitionOperator => "partition-operator",

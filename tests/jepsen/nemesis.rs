@@ -75,6 +75,7 @@ impl Nemesis<'_> {
         match kind {
             FaultKind::PauseHolder => self.pause_holder().await,
             FaultKind::KillHolder => self.kill_holder().await,
+            FaultKind::PartitionHolder => self.partition_holder().await,
             FaultKind::KillOperatorMidGrant => self.kill_operator_mid_grant().await,
             FaultKind::PauseOperator => self.pause_operator().await,
             FaultKind::PartitionOperator => self.partition_operator().await,
@@ -95,6 +96,31 @@ impl Nemesis<'_> {
     }
 
     async fn held_by(&mut self, want_waiter: bool, cli: Option<bool>) -> Option<Target> {
+        // Best: a holder just granted, so that the fault lands in the middle of its hold.
+        let mut grants = self.cluster.grants.subscribe();
+        let fresh = tokio::time::timeout(Duration::from_secs(8), async {
+            loop {
+                match grants.recv().await {
+                    Ok(g)
+                        if self.cluster.slot_of(&g.target.process).is_some()
+                            && cli
+                                .is_none_or(|cli| cli == g.target.process.starts_with("cli-"))
+                            && (!want_waiter || g.waiting > 0) =>
+                    {
+                        return Some(g.target);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        if let Ok(Some(target)) = fresh {
+            // A moment for the holder to learn of its grant and start working.
+            let settle = f64::from(target.term) * self.rng.random_range(0.1..0.25);
+            tokio::time::sleep(Duration::from_secs_f64(settle)).await;
+            return Some(target);
+        }
         let api = self.cluster.ns.api::<FencedLease>();
         let started = tokio::time::Instant::now();
         let mut fallback: Option<Target> = None;
@@ -167,6 +193,38 @@ impl Nemesis<'_> {
         self.end(kind, format!("SIGCONT {}", target.process));
     }
 
+    /// Not in the list: a library holder alone cut off from the apiserver past its
+    /// lease, so that it loses the lease at its own deadline while the next holder is granted
+    /// after the operator's expiry — the hand-over I9 leaves a margin for.
+    async fn partition_holder(&mut self) {
+        let kind = FaultKind::PartitionHolder;
+        let target = self.held_by(true, Some(false)).await;
+        let slot = target
+            .as_ref()
+            .and_then(|t| self.cluster.slot_of(&t.process))
+            .filter(|s| s.proxy.is_some());
+        let (Some(target), Some(slot)) = (target, slot) else {
+            self.start(kind, "no library holder found to cut off".into(), None);
+            self.end(kind, String::new());
+            return;
+        };
+        let term = f64::from(target.term);
+        let outage = self.secs(term * 1.5 + 0.5, term);
+        self.start(
+            kind,
+            format!(
+                "cut {} (lease {}, token {}) off the apiserver for {outage:?}",
+                target.process, target.lease, target.token
+            ),
+            Some(target.clone()),
+        );
+        let proxy = slot.proxy.as_ref().expect("a library holder's proxy");
+        proxy.cut();
+        tokio::time::sleep(outage).await;
+        proxy.heal();
+        self.end(kind, format!("healed {}", target.process));
+    }
+
     async fn kill_holder(&mut self) {
         let kind = FaultKind::KillHolder;
         let mut grants = self.cluster.grants.subscribe();
@@ -193,7 +251,7 @@ impl Nemesis<'_> {
         loop {
             tokio::select! {
                 grant = grants.recv() => match grant {
-                    Ok((lease, token)) if lease == target.lease && token > target.token => break,
+                    Ok(g) if g.target.lease == target.lease && g.target.token > target.token => break,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                     _ => {}
                 },
@@ -215,7 +273,10 @@ impl Nemesis<'_> {
         let victim = leader.unwrap_or_else(|| self.cluster.replicas[0].clone());
         victim.signal(Signal::SIGKILL);
         let what = match grant {
-            Ok(Ok((lease, token))) => format!("just after the grant of {lease} (token {token})"),
+            Ok(Ok(g)) => format!(
+                "just after the grant of {} (token {})",
+                g.target.lease, g.target.token
+            ),
             _ => "no grant seen within 15 s".into(),
         };
         self.start(

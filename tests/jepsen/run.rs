@@ -153,8 +153,8 @@ pub async fn main(options: Options) -> bool {
     let mut granted = std::collections::BTreeSet::new();
     let warm = tokio::time::timeout(Duration::from_secs(90), async {
         while granted.len() < LEASES.len() {
-            if let Ok((lease, _)) = grants.recv().await {
-                granted.insert(lease);
+            if let Ok(grant) = grants.recv().await {
+                granted.insert(grant.target.lease);
             }
         }
     })

@@ -335,8 +335,10 @@ async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
         let hold = term.mul_f64(rng.random_range(0.3..2.0));
         let until = tokio::time::Instant::now() + hold;
         let mut turn = rng.random_range(0..3);
+        let mut lost = false;
         while tokio::time::Instant::now() < until && !stop.is_cancelled() {
             let Some(token) = ask(&rec, &guard) else {
+                lost = true;
                 break;
             };
             turn = (turn + 1) % 3;
@@ -398,6 +400,8 @@ async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
                 "released"
             }
         };
+        // Letting go of a lease already lost hands nothing over.
+        let how = if lost { "after-loss" } else { how };
         rec.record(Event::Released {
             lease: lease.clone(),
             claim,
