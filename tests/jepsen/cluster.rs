@@ -673,6 +673,10 @@ impl Cluster {
         }
         for replica in &self.replicas {
             replica.signal(Signal::SIGKILL);
+            let _ = std::fs::remove_file(&replica.kubeconfig);
+        }
+        for slot in self.slots.iter().filter(|s| s.proxy.is_some()) {
+            let _ = std::fs::remove_file(&slot.kubeconfig);
         }
     }
 }
