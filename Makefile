@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test deps lint fmt crds up down chart-sync chart-test image bench
+.PHONY: help demo test soak deps lint fmt crds up down chart-sync chart-test image bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -13,6 +13,12 @@ demo: deps ## the double dividend: a paused lease holder's writes refused by the
 test: deps lint chart-test ## everything: lint, chart, unit and integration tests against a real control plane, PostgreSQL and Redis
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
 	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features; \
+	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
+
+soak: deps ## the safety suite's long profile (tests/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
+	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
+	eval "$$(hack/datastores up)" && eval "$$(hack/control-plane up)" && \
+	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)); \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 deps: ## Debian packages, Rust components, and the control-plane binaries (cached)

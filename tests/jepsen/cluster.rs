@@ -1,0 +1,747 @@
+//! What a run sets up and keeps running: a namespace with the leases and the fenced objects,
+//! the PostgreSQL table and its log, two operator replicas (leader election on, each behind
+//! its own loopback proxy so that it alone can be cut off), the holder processes (restarted
+//! when they die, as a Deployment would), and the observer that records every state of the
+//! leases and of the fenced objects a watch delivers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::broadcast;
+
+use crate::common::faults::{Proxy, apiserver_addr, kubeconfig_through};
+use crate::common::{TestNamespace, control_plane};
+use crate::history::{Event, LogEntry, Recorder, Resource, Target};
+use crate::worker::{Settings, config_map_name, pg_table, redis_key};
+use fenced_lease::api::{FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
+
+/// The leader-election Lease of the operator replicas (default name).
+pub const LEADER_LEASE: &str = "fenced-lease-operator";
+/// Seconds a standby waits after the leader's last renewal (the operator's minimum).
+pub const LEADER_LEASE_SECONDS: u64 = 3;
+
+/// The leases of a run: name and usual duration (s).
+pub const LEASES: [(&str, i32); 3] = [("a", 1), ("b", 2), ("c", 3)];
+/// Library holder processes per lease, and `kubectl fence run` holders per lease.
+pub const LIBRARY_HOLDERS: usize = 2;
+pub const CLI_HOLDERS: usize = 1;
+
+/// One operator replica: a process behind its own proxy, restarted when it exits (a replica
+/// that loses leadership exits) unless a fault keeps it down.
+pub struct Replica {
+    pub name: String,
+    binary: PathBuf,
+    pub proxy: Proxy,
+    kubeconfig: PathBuf,
+    log: PathBuf,
+    namespace: String,
+    pub pid: AtomicU32,
+    /// A fault keeps it down: do not restart it.
+    pub held_down: AtomicBool,
+    restarts: AtomicU32,
+}
+
+impl Replica {
+    fn spawn(&self) -> std::io::Result<tokio::process::Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        tokio::process::Command::new(&self.binary)
+            .args([
+                "--namespace",
+                &self.namespace,
+                "--operator-namespace",
+                &self.namespace,
+            ])
+            .args(["--identity", &self.name, "--leader-election=true"])
+            .args([
+                "--leader-election-lease-seconds",
+                &LEADER_LEASE_SECONDS.to_string(),
+            ])
+            .args([
+                "--log-format",
+                "text",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--api-timeout",
+                "5s",
+            ])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        let pid = self.pid.load(Ordering::SeqCst);
+        if pid != 0 {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+}
+
+/// A grant as the observer saw it: the new holder, and how many claims wait behind it.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub target: Target,
+    pub waiting: i32,
+}
+
+/// What kind of holder a slot runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Library,
+    Cli,
+}
+
+/// One holder slot: a process (re)started for one lease, again and again.
+pub struct Slot {
+    pub name: String,
+    pub lease: String,
+    pub kind: Kind,
+    /// The running incarnation: its process name (the holder identity) and pid.
+    pub current: std::sync::Mutex<Option<(String, u32)>>,
+    /// A library holder reaches the apiserver through its own proxy (to be cut off alone).
+    pub proxy: Option<Proxy>,
+    kubeconfig: PathBuf,
+}
+
+impl Slot {
+    pub fn signal(&self, signal: Signal) {
+        if let Some((_, pid)) = &*self.current.lock().unwrap() {
+            let _ = kill(Pid::from_raw(*pid as i32), signal);
+        }
+    }
+}
+
+/// Everything a run has running.
+pub struct Cluster {
+    pub ns: TestNamespace,
+    pub run_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub replicas: Vec<Arc<Replica>>,
+    pub slots: Vec<Arc<Slot>>,
+    pub runner: Arc<Recorder>,
+    /// Grants as the observer sees them: (lease, token).
+    pub grants: broadcast::Sender<Grant>,
+    pub stopping: Arc<AtomicBool>,
+    pub postgres: String,
+    pub redis: String,
+    pub seed: u64,
+    /// This run's own links to the operator and `kubectl-fence` binaries.
+    operator: PathBuf,
+    kubectl_fence: PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    observer: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Cluster {
+    pub async fn start(run_dir: &Path, seed: u64) -> Cluster {
+        let cp = control_plane();
+        let ns = TestNamespace::new("jepsen").await;
+        ns.with_fence_policies().await;
+        let stores = crate::common::fence::datastores();
+        let runner = Arc::new(Recorder::create(&run_dir.join("runner.jsonl"), "runner"));
+        std::fs::create_dir_all(run_dir.join("pids")).expect("pids dir");
+
+        for (lease, duration) in LEASES {
+            create_lease(&ns, lease, duration).await;
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(config_map_name(lease)),
+                    labels: Some(BTreeMap::from([(LEASE_LABEL.into(), lease.into())])),
+                    annotations: Some(BTreeMap::from([(TOKEN_ANNOTATION.into(), "0".into())])),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            ns.api::<ConfigMap>()
+                .create(&PostParams::default(), &cm)
+                .await
+                .expect("create the fenced ConfigMap");
+        }
+        let pg = postgres(&stores.postgres).await;
+        let table = pg_table(&ns.name);
+        pg.batch_execute(&format!(
+            "CREATE TABLE {table} (lease TEXT PRIMARY KEY, last_write TEXT, fence_token BIGINT NOT NULL DEFAULT 0);
+             CREATE TABLE {table}_log (id BIGSERIAL PRIMARY KEY, lease TEXT NOT NULL, token BIGINT NOT NULL, write TEXT);
+             CREATE FUNCTION {table}_log() RETURNS trigger AS $$
+               BEGIN INSERT INTO {table}_log (lease, token, write) VALUES (NEW.lease, NEW.fence_token, NEW.last_write); RETURN NEW; END
+             $$ LANGUAGE plpgsql;
+             CREATE TRIGGER {table}_log AFTER UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {table}_log();"
+        ))
+        .await
+        .expect("create the PostgreSQL table");
+        for (lease, _) in LEASES {
+            pg.execute(
+                &format!("INSERT INTO {table} (lease) VALUES ($1)"),
+                &[&lease],
+            )
+            .await
+            .expect("insert row");
+        }
+
+        let operator = pin_binary(env!("CARGO_BIN_EXE_fenced-lease-operator"), run_dir);
+        let kubectl_fence = pin_binary(env!("CARGO_BIN_EXE_kubectl-fence"), run_dir);
+        let (grants, _) = broadcast::channel(1024);
+        let mut cluster = Cluster {
+            kubeconfig: cp.kubeconfig.clone(),
+            ns,
+            run_dir: run_dir.into(),
+            replicas: vec![],
+            slots: vec![],
+            runner,
+            grants,
+            stopping: Arc::new(AtomicBool::new(false)),
+            postgres: stores.postgres.clone(),
+            redis: stores.redis.clone(),
+            seed,
+            operator,
+            kubectl_fence,
+            tasks: vec![],
+            observer: vec![],
+        };
+        cluster.observe();
+        let upstream = apiserver_addr(&cp.kubeconfig);
+        for i in 0..2 {
+            let proxy = Proxy::start(upstream).await;
+            let replica = Arc::new(Replica {
+                name: format!("op-{i}"),
+                binary: cluster.operator.clone(),
+                kubeconfig: kubeconfig_through(&cp.kubeconfig, &proxy),
+                proxy,
+                log: run_dir.join(format!("op-{i}.log")),
+                namespace: cluster.ns.name.clone(),
+                pid: AtomicU32::new(0),
+                held_down: AtomicBool::new(false),
+                restarts: AtomicU32::new(0),
+            });
+            cluster.supervise_replica(replica.clone());
+            cluster.replicas.push(replica);
+        }
+        for (lease, _) in LEASES {
+            let slots = (0..LIBRARY_HOLDERS)
+                .map(|_| Kind::Library)
+                .chain((0..CLI_HOLDERS).map(|_| Kind::Cli));
+            for kind in slots {
+                let n = cluster.slots.len();
+                let proxy = match kind {
+                    Kind::Library => Some(Proxy::start(upstream).await),
+                    Kind::Cli => None,
+                };
+                let kubeconfig = proxy.as_ref().map_or_else(
+                    || cp.kubeconfig.clone(),
+                    |p| kubeconfig_through(&cp.kubeconfig, p),
+                );
+                let slot = Arc::new(Slot {
+                    name: match kind {
+                        Kind::Library => format!("holder-{n}"),
+                        Kind::Cli => format!("cli-{n}"),
+                    },
+                    lease: lease.into(),
+                    kind,
+                    current: std::sync::Mutex::new(None),
+                    proxy,
+                    kubeconfig,
+                });
+                cluster.supervise_slot(slot.clone());
+                cluster.slots.push(slot);
+            }
+        }
+        cluster
+    }
+
+    pub fn term_of(lease: &str) -> u64 {
+        LEASES
+            .iter()
+            .find(|(l, _)| *l == lease)
+            .map_or(1, |(_, d)| u64::try_from(*d).unwrap_or(1))
+    }
+
+    fn supervise_replica(&mut self, replica: Arc<Replica>) {
+        let (rec, stopping) = (self.runner.clone(), self.stopping.clone());
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                if replica.held_down.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                let n = replica.restarts.fetch_add(1, Ordering::SeqCst);
+                let mut child = replica.spawn().expect("start fenced-lease-operator");
+                let pid = child.id().unwrap_or(0);
+                replica.pid.store(pid, Ordering::SeqCst);
+                rec.record(Event::Spawned {
+                    process: format!("{}.{n}", replica.name),
+                    pid,
+                    lease: String::new(),
+                });
+                let status = tokio::select! {
+                    status = child.wait() => status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+                    () = wait_flag(&stopping) => {
+                        let _ = child.kill().await;
+                        "stopped by the runner".into()
+                    }
+                };
+                replica.pid.store(0, Ordering::SeqCst);
+                rec.record(Event::Exited {
+                    process: format!("{}.{n}", replica.name),
+                    status,
+                });
+                // A Deployment restarts a replica that exits, after a short pause.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }));
+    }
+
+    fn supervise_slot(&mut self, slot: Arc<Slot>) {
+        let (rec, stopping) = (self.runner.clone(), self.stopping.clone());
+        let kubectl_fence = self.kubectl_fence.clone();
+        let base = Settings {
+            process: String::new(),
+            namespace: self.ns.name.clone(),
+            lease: slot.lease.clone(),
+            kubeconfig: slot.kubeconfig.clone(),
+            run_dir: self.run_dir.clone(),
+            postgres: self.postgres.clone(),
+            redis: self.redis.clone(),
+            term: Cluster::term_of(&slot.lease),
+            seed: self.seed,
+        };
+        self.tasks.push(tokio::spawn(async move {
+            let exe = std::env::current_exe().expect("this test binary");
+            for n in 0.. {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let process = format!("{}.{n}", slot.name);
+                let settings = Settings {
+                    process: process.clone(),
+                    ..base.clone()
+                };
+                let mut cmd = match slot.kind {
+                    Kind::Library => {
+                        let mut cmd = tokio::process::Command::new(&exe);
+                        cmd.env("JEPSEN_ROLE", "holder");
+                        cmd
+                    }
+                    Kind::Cli => {
+                        let mut cmd = tokio::process::Command::new(&kubectl_fence);
+                        cmd.args([
+                            "run",
+                            &slot.lease,
+                            "-n",
+                            &settings.namespace,
+                            "--wait",
+                            "60s",
+                        ])
+                        .args(["--identity", &process, "--grace", "1s", "--"])
+                        .arg(&exe)
+                        .env("JEPSEN_ROLE", "writer");
+                        cmd
+                    }
+                };
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(settings.run_dir.join(format!("{}.log", slot.name)))
+                    .expect("holder log");
+                cmd.envs(settings.to_env())
+                    .env("RUST_LOG", "warn")
+                    .env("NO_COLOR", "1")
+                    .stdin(std::process::Stdio::null())
+                    .stdout(log.try_clone().expect("log"))
+                    .stderr(log)
+                    .kill_on_drop(true);
+                let mut child = cmd.spawn().expect("start a holder");
+                let pid = child.id().unwrap_or(0);
+                *slot.current.lock().unwrap() = Some((process.clone(), pid));
+                rec.record(Event::Spawned {
+                    process: process.clone(),
+                    pid,
+                    lease: slot.lease.clone(),
+                });
+                let status = child
+                    .wait()
+                    .await
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string());
+                *slot.current.lock().unwrap() = None;
+                rec.record(Event::Exited { process, status });
+                if !stopping.load(Ordering::SeqCst) {
+                    let pause = 200 + (n * 7919 + slot.name.len() as u64 * 131) % 800;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            }
+        }));
+    }
+
+    /// Records every state of the leases and of the fenced objects the watches deliver.
+    fn observe(&mut self) {
+        let rec = Arc::new(Recorder::create(
+            &self.run_dir.join("observer.jsonl"),
+            "observer",
+        ));
+        let leases: Api<FencedLease> = self.ns.api();
+        let grants = self.grants.clone();
+        let rec_l = rec.clone();
+        self.observer.push(tokio::spawn(async move {
+            let stream = watcher(leases, watcher::Config::default()).default_backoff();
+            let mut stream = std::pin::pin!(stream);
+            let mut last: BTreeMap<String, (Option<String>, i64)> = BTreeMap::new();
+            while let Some(event) = stream.next().await {
+                let Ok(event) = event else { continue };
+                match event {
+                    watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
+                        let name = lease.metadata.name.clone().unwrap_or_default();
+                        let status = lease.status.clone().unwrap_or_default();
+                        let holder = status.holder.as_ref().map(|h| h.claim.clone());
+                        rec_l.record(Event::LeaseState {
+                            lease: name.clone(),
+                            uid: lease.metadata.uid.clone().unwrap_or_default(),
+                            rv: lease
+                                .metadata
+                                .resource_version
+                                .as_deref()
+                                .and_then(|rv| rv.parse().ok())
+                                .unwrap_or(0),
+                            holder: holder.clone(),
+                            identity: status.holder.as_ref().map(|h| h.identity.clone()),
+                            token: status.fencing_token,
+                            term: status.lease_duration_seconds,
+                            waiting: status.waiting,
+                        });
+                        let now = (holder.clone(), status.fencing_token);
+                        if let Some(h) = &status.holder
+                            && last.get(&name) != Some(&now)
+                        {
+                            let _ = grants.send(Grant {
+                                target: Target {
+                                    process: h.identity.clone(),
+                                    lease: name.clone(),
+                                    claim: h.claim.clone(),
+                                    token: status.fencing_token,
+                                    term: status
+                                        .lease_duration_seconds
+                                        .unwrap_or(lease.spec.lease_duration_seconds),
+                                },
+                                waiting: status.waiting,
+                            });
+                        }
+                        last.insert(name, now);
+                    }
+                    watcher::Event::Delete(lease) => rec_l.record(Event::LeaseGone {
+                        lease: lease.metadata.name.clone().unwrap_or_default(),
+                        uid: lease.metadata.uid.clone().unwrap_or_default(),
+                    }),
+                    _ => {}
+                }
+            }
+        }));
+        let objects: Api<ConfigMap> = self.ns.api();
+        self.observer.push(tokio::spawn(async move {
+            let config = watcher::Config::default().labels(LEASE_LABEL);
+            let stream = watcher(objects, config).default_backoff();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event else {
+                    continue;
+                };
+                rec.record(Event::ObjectState {
+                    key: cm.metadata.name.clone().unwrap_or_default(),
+                    rv: cm
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|rv| rv.parse().ok())
+                        .unwrap_or(0),
+                    token: fenced_lease::fence::kube::token_of(&cm),
+                    write: cm.data.as_ref().and_then(|d| d.get("write").cloned()),
+                });
+            }
+        }));
+    }
+
+    /// The replica that leads now, as the leader-election Lease says.
+    pub async fn leader(&self) -> Option<Arc<Replica>> {
+        let lease = self.ns.api::<Lease>().get_opt(LEADER_LEASE).await.ok()??;
+        let holder = lease.spec?.holder_identity?;
+        self.replicas.iter().find(|r| r.name == holder).cloned()
+    }
+
+    /// Waits (up to `within`) until a replica other than `not` leads and renews.
+    pub async fn wait_for_leader(&self, not: Option<&str>, within: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut seen: Option<(String, String)> = None;
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(lease)) = self.ns.api::<Lease>().get_opt(LEADER_LEASE).await
+                && let Some(spec) = lease.spec
+                && let (Some(holder), Some(renewed)) = (spec.holder_identity, spec.renew_time)
+                && Some(holder.as_str()) != not
+                && self
+                    .replicas
+                    .iter()
+                    .any(|r| r.name == holder && r.pid.load(Ordering::SeqCst) != 0)
+            {
+                let now = (holder.clone(), format!("{renewed:?}"));
+                match &seen {
+                    Some(before) if before.0 == now.0 && before.1 != now.1 => return Some(holder),
+                    _ => seen = Some(now),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
+    /// The slot whose current process is `identity`.
+    pub fn slot_of(&self, identity: &str) -> Option<Arc<Slot>> {
+        self.slots
+            .iter()
+            .find(|s| {
+                s.current
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|(p, _)| p == identity)
+            })
+            .cloned()
+    }
+
+    /// Ends the workload: holders are told to stop (the STOP file, SIGTERM to `kubectl fence`,
+    /// which passes it on), then whatever is left is killed, orphaned writers included. Then
+    /// the resources' own logs are read and recorded, and the operators stopped.
+    pub async fn stop(&mut self) {
+        self.runner.record(Event::RunEnd {});
+        for replica in &self.replicas {
+            replica.signal(Signal::SIGCONT);
+            replica.proxy.heal();
+        }
+        for slot in &self.slots {
+            slot.signal(Signal::SIGCONT);
+            if let Some(proxy) = &slot.proxy {
+                proxy.heal();
+            }
+        }
+        std::fs::write(Settings::stop_file(&self.run_dir), "").expect("STOP file");
+        self.stopping.store(true, Ordering::SeqCst);
+        for slot in self.slots.iter().filter(|s| s.kind == Kind::Cli) {
+            slot.signal(Signal::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::time::Instant::now() < deadline
+            && self
+                .slots
+                .iter()
+                .any(|s| s.current.lock().unwrap().is_some())
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for slot in &self.slots {
+            slot.signal(Signal::SIGKILL);
+        }
+        // Writers whose `kubectl fence` was killed run on until their time is up.
+        let pids = self.run_dir.join("pids");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let live: Vec<i32> = std::fs::read_dir(&pids)
+                .map(|d| {
+                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .filter(|pid| kill(Pid::from_raw(*pid), None).is_ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if live.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                for pid in live {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for task in self.tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+        self.record_logs().await;
+        // Let the watches catch up with the last writes, then stop them.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for task in self.observer.drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Records the PostgreSQL log table and the Redis lists: each resource's own order of
+    /// the writes it accepted.
+    async fn record_logs(&self) {
+        let pg = postgres(&self.postgres).await;
+        let table = pg_table(&self.ns.name);
+        let mut conn = redis::Client::open(self.redis.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis");
+        for (lease, _) in LEASES {
+            let rows = pg
+                .query(
+                    &format!("SELECT id, token, coalesce(write, '') FROM {table}_log WHERE lease = $1 ORDER BY id"),
+                    &[&lease],
+                )
+                .await
+                .expect("read the PostgreSQL log");
+            let entries = rows
+                .iter()
+                .map(|row| LogEntry {
+                    seq: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
+                    token: row.get(1),
+                    write: row.get(2),
+                })
+                .collect();
+            self.runner.record(Event::ResourceLog {
+                resource: Resource::Postgres,
+                key: lease.into(),
+                entries,
+            });
+            let key = redis_key(&self.ns.name, lease);
+            let list: Vec<String> = redis::cmd("LRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .expect("read the Redis list");
+            let entries = list
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| {
+                    let (token, write) = v.split_once(' ')?;
+                    Some(LogEntry {
+                        seq: i as u64 + 1,
+                        token: token.parse().ok()?,
+                        write: write.into(),
+                    })
+                })
+                .collect();
+            self.runner.record(Event::ResourceLog {
+                resource: Resource::Redis,
+                key,
+                entries,
+            });
+        }
+    }
+
+    /// Removes what the run left in PostgreSQL and Redis (the namespace goes with `ns`).
+    pub async fn cleanup(&self) {
+        let table = pg_table(&self.ns.name);
+        let pg = postgres(&self.postgres).await;
+        let _ = pg
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_log; DROP FUNCTION IF EXISTS {table}_log();"
+            ))
+            .await;
+        if let Ok(client) = redis::Client::open(self.redis.as_str())
+            && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+        {
+            for (lease, _) in LEASES {
+                let key = redis_key(&self.ns.name, lease);
+                let _: Result<(), _> = redis::cmd("DEL")
+                    .arg(&key)
+                    .arg(format!("{key}:fence"))
+                    .query_async(&mut conn)
+                    .await;
+            }
+        }
+        for replica in &self.replicas {
+            replica.signal(Signal::SIGKILL);
+            let _ = std::fs::remove_file(&replica.kubeconfig);
+        }
+        for slot in self.slots.iter().filter(|s| s.proxy.is_some()) {
+            let _ = std::fs::remove_file(&slot.kubeconfig);
+        }
+    }
+}
+
+/// A hard link to `binary` in the run directory, so that the whole run uses the binary it
+/// started with, whatever rebuilds `target/` meanwhile (a long run outlasts many builds);
+/// warns when the binary was not built from this source tree (a shared target directory).
+fn pin_binary(binary: &str, run_dir: &Path) -> PathBuf {
+    let source = Path::new(binary);
+    let dir = run_dir.join("bin");
+    std::fs::create_dir_all(&dir).expect("bin dir");
+    let pinned = dir.join(source.file_name().expect("a file name"));
+    if std::fs::hard_link(source, &pinned).is_err() {
+        std::fs::copy(source, &pinned).expect("copy the binary");
+    }
+    let ours = env!("CARGO_MANIFEST_DIR");
+    let built_here = std::process::Command::new("grep")
+        .args(["-qaF", ours])
+        .arg(&pinned)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built_here {
+        eprintln!(
+            "jepsen: WARNING: {binary} does not name {ours}: it was built from another source tree sharing the target directory"
+        );
+    }
+    pinned
+}
+
+async fn wait_flag(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn postgres(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(connection);
+    client
+}
+
+/// Creates (or re-creates) lease `name` with `duration`, fencing the objects labelled with it.
+pub async fn create_lease(ns: &TestNamespace, name: &str, duration: i32) {
+    let lease: FencedLease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+        "metadata": {"name": name},
+        "spec": {"leaseDurationSeconds": duration, "fenceObjects": true},
+    }))
+    .expect("lease object");
+    let api = ns.api::<FencedLease>();
+    for _ in 0..100 {
+        match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => return,
+            // Still being deleted (its finalizer), or the API is restarting: try again.
+            Err(e) => {
+                tracing_log(&format!("create lease {name}: {e}"));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    panic!("could not create lease {name}");
+}
+
+fn tracing_log(message: &str) {
+    eprintln!("jepsen: {message}");
+}

@@ -1,0 +1,55 @@
+//! A Jepsen-style safety suite: holders (the Rust library, and `kubectl fence run` around a
+//! small writer) contend on short leases and write their tokens to a Kubernetes object, a
+//! PostgreSQL row and a Redis key, while a nemesis pauses and kills holders, kills, pauses and
+//! partitions the operator replicas, restarts the apiserver and etcd, deletes and re-creates
+//! leases and the operator's token records, and lowers durations of held leases. Every event
+//! is recorded with a CLOCK_MONOTONIC timestamp; a checker over the whole history reports the
+//! first violation and prints a table.
+//!
+//! ```console
+//! $ cargo test --all-features --test jepsen                       # the short profile (make test)
+//! $ cargo test --all-features --test jepsen -- --profile long --seed 7 --duration 20m   # make soak
+//! $ cargo test --all-features --test jepsen -- --check /tmp/fenced-lease-jepsen-7-1234  # re-check a kept history
+//! ```
+//!
+//! The binary has no libtest harness: it runs itself again as the holder processes
+//! (`JEPSEN_ROLE`). The checker's own tests are in `tests/jepsen_checker.rs`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod checker;
+mod cluster;
+mod history;
+mod nemesis;
+mod run;
+mod worker;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+fn main() -> ExitCode {
+    if let Ok(role) = std::env::var("JEPSEN_ROLE") {
+        return worker::main(&role);
+    }
+    let options = match run::Options::parse(std::env::args().skip(1)) {
+        Ok(Some(options)) => options,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("jepsen: {message}\n\n{}", run::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let passed = runtime.block_on(run::main(options));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
