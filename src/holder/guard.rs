@@ -79,6 +79,18 @@ impl LeaseHandle {
         }
     }
 
+    /// Where the local safe deadline of the latest term stands: `Ok(left)` while it is
+    /// ahead, `Err(ago)` once it has passed. Unlike [`time_left`](Self::time_left) it still
+    /// answers after the lease is lost or released, for logs and post-mortems.
+    pub fn deadline_from_now(&self) -> Result<Duration, Duration> {
+        let now = BootInstant::now();
+        let deadline = self.shared.snapshot().deadline();
+        match deadline.saturating_duration_since(now) {
+            Duration::ZERO => Err(now.saturating_duration_since(deadline)),
+            left => Ok(left),
+        }
+    }
+
     /// The lease duration in force for this claim: the term's, fixed at grant (I10).
     pub fn lease_duration(&self) -> Duration {
         self.shared.timing().duration

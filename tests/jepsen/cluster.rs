@@ -20,7 +20,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::broadcast;
 
-use crate::common::faults::{Proxy, apiserver_addr, kubeconfig_through};
+use crate::common::proxy::Proxy;
 use crate::common::{TestNamespace, control_plane};
 use crate::history::{Event, LogEntry, Recorder, Resource, Target};
 use crate::worker::{Settings, config_map_name, pg_table, redis_key};
@@ -218,13 +218,12 @@ impl Cluster {
             observer: vec![],
         };
         cluster.observe();
-        let upstream = apiserver_addr(&cp.kubeconfig);
         for i in 0..2 {
-            let proxy = Proxy::start(upstream).await;
+            let proxy = Proxy::for_kubeconfig(&cp.kubeconfig).await;
             let replica = Arc::new(Replica {
                 name: format!("op-{i}"),
                 binary: cluster.operator.clone(),
-                kubeconfig: kubeconfig_through(&cp.kubeconfig, &proxy),
+                kubeconfig: proxy.through(&cp.kubeconfig),
                 proxy,
                 log: run_dir.join(format!("op-{i}.log")),
                 namespace: cluster.ns.name.clone(),
@@ -242,13 +241,12 @@ impl Cluster {
             for kind in slots {
                 let n = cluster.slots.len();
                 let proxy = match kind {
-                    Kind::Library => Some(Proxy::start(upstream).await),
+                    Kind::Library => Some(Proxy::for_kubeconfig(&cp.kubeconfig).await),
                     Kind::Cli => None,
                 };
-                let kubeconfig = proxy.as_ref().map_or_else(
-                    || cp.kubeconfig.clone(),
-                    |p| kubeconfig_through(&cp.kubeconfig, p),
-                );
+                let kubeconfig = proxy
+                    .as_ref()
+                    .map_or_else(|| cp.kubeconfig.clone(), |p| p.through(&cp.kubeconfig));
                 let slot = Arc::new(Slot {
                     name: match kind {
                         Kind::Library => format!("holder-{n}"),

@@ -448,11 +448,9 @@ fn ask(rec: &Recorder, handle: &LeaseHandle) -> Option<i64> {
 
 async fn record_loss(rec: Arc<Recorder>, handle: LeaseHandle) {
     let reason = handle.lost().await;
-    let now = std::time::Instant::now();
-    let deadline = handle.deadline();
-    let deadline_in = match deadline.checked_duration_since(now) {
-        Some(ahead) => i64::try_from(ahead.as_nanos()).unwrap_or(i64::MAX),
-        None => -i64::try_from(now.duration_since(deadline).as_nanos()).unwrap_or(i64::MAX),
+    let deadline_in = match handle.deadline_from_now() {
+        Ok(ahead) => i64::try_from(ahead.as_nanos()).unwrap_or(i64::MAX),
+        Err(ago) => -i64::try_from(ago.as_nanos()).unwrap_or(i64::MAX),
     };
     rec.record(Event::Lost {
         lease: handle.lease().into(),
