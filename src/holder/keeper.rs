@@ -250,15 +250,28 @@ async fn delete_claim(
 /// such a gap is therefore counted together with a fresh read of the lease made after it:
 /// a grant older than what the lease says then is not believed, whichever operator runs.
 async fn heartbeat(shared: Arc<Shared>, api: Api<FencedLeaseClaim>, leases: Api<FencedLease>) {
-    let mut next = tokio::time::Instant::now() + shared.timing().renew_every;
+    let mut changes = shared.subscribe();
+    let mut last_sent_at = tokio::time::Instant::now();
+    let mut next = last_sent_at + shared.timing().renew_every;
     let mut failures = 0u32;
     loop {
         tokio::select! {
             _ = shared.stop.cancelled() => return,
             _ = tokio::time::sleep_until(next) => {}
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // The duration in force can shorten while this sleeps: a claim that queued on
+                // a longer `spec.leaseDurationSeconds` is granted a shorter term (I10). Pace
+                // on the term from now on, or the next beat comes after the term's end.
+                next = next.min(last_sent_at + shared.timing().renew_every);
+                continue;
+            }
         }
         let sent = BootInstant::now();
         let sent_at = tokio::time::Instant::now();
+        last_sent_at = sent_at;
         shared.check_deadline(sent);
         if shared.stop.is_cancelled() {
             return;

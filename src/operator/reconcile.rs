@@ -169,10 +169,71 @@ async fn finalize(
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");
     }
+    if let Some(left) = holders_may_believe(ctx, lease, &status, ns, name, Instant::now()) {
+        info!(lease = %name, namespace = %ns, wait_ms = left.as_millis() as u64, "lease deleted; its name is kept until its last holder's term has run out");
+        return Ok(Action::requeue(left));
+    }
     high_water::remove_finalizer(ctx, api, lease).await?;
     ctx.metrics.forget_lease(ns, name);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
+}
+
+/// How much longer a holder of a lease being deleted may still count itself the holder, if
+/// at all. Revoking it is not enough: a holder cut off from the apiserver does not hear of it,
+/// and believes it holds until its own safe deadline. Were the finalizer removed at once, a
+/// lease created again under the same name could be granted meanwhile: two holders of one
+/// name (I6; the tokens still grow, so fences refuse the old holder's writes, I1). So the
+/// name is kept until the term has run out since the operator last saw the heartbeat of
+/// every claim of the lease that was granted (`Granted` or `Revoked`, still present). As for
+/// an expiry (I9), the holder's deadline counts from the send time of its last accepted renew,
+/// which came before the operator saw it; a `Revoked` claim's heartbeat is frozen by the CRD.
+/// A claim deleted by its holder ends the wait at once.
+fn holders_may_believe(
+    ctx: &Context,
+    lease: &FencedLease,
+    status: &FencedLeaseStatus,
+    ns: &str,
+    name: &str,
+    now: Instant,
+) -> Option<Duration> {
+    let lease_term = seconds(lease.spec.lease_duration_seconds).max(
+        status
+            .lease_duration_seconds
+            .map_or(Duration::ZERO, seconds),
+    );
+    let cached = claims_of(ctx, ns, name);
+    // The holder the status names, even if the cache has not heard of its claim yet.
+    let named = status.holder.as_ref().map(|h| h.claim_uid.as_str());
+    let mut until = named
+        .filter(|uid| {
+            !cached
+                .iter()
+                .any(|c| c.metadata.uid.as_deref() == Some(uid))
+        })
+        .map(|_| now + lease_term);
+    for claim in &cached {
+        let granted = claim
+            .status
+            .as_ref()
+            .is_some_and(|s| matches!(s.phase, Some(ClaimPhase::Granted | ClaimPhase::Revoked)));
+        let (Some(uid), true) = (claim.metadata.uid.as_deref(), granted) else {
+            continue;
+        };
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let term = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.lease_duration_seconds)
+            .map_or(lease_term, |d| seconds(d).max(lease_term));
+        let end = ctx.heartbeats.last_change(uid, now) + term;
+        until = until.max(Some(end));
+    }
+    until
+        .filter(|t| *t > now)
+        .map(|t| t.saturating_duration_since(now))
 }
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the

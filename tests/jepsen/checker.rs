@@ -32,16 +32,12 @@ use crate::history::{Entry, Event, FaultKind, LogEntry, Resource};
 pub struct Config {
     /// A killed holder's lease must be granted again within its term plus this (ns).
     pub liveness_bound: u64,
-    /// Report violations that [`KNOWN_BUGS`] explain as known, without failing the run
-    /// (`--strict` turns this off, to check a fix).
-    pub allow_known: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             liveness_bound: 5_000_000_000,
-            allow_known: true,
         }
     }
 }
@@ -49,71 +45,6 @@ impl Default for Config {
 /// How long after the nemesis re-created a lease its old holders may still learn that it was
 /// deleted (ns).
 const DELETION_HEARD_WITHIN: u64 = 5_000_000_000;
-
-/// A bug the suite found that is not fixed yet: its violations are reported apart, so the
-/// short profile in `make test` stays green while it has a failing (ignored) regression test.
-/// Remove the entry with the fix.
-pub struct KnownBug {
-    pub name: &'static str,
-    /// Whether it explains a violation about `claim`.
-    pub explains: fn(&Facts<'_>, &str) -> bool,
-}
-
-pub const KNOWN_BUGS: &[KnownBug] = &[KnownBug {
-    name: "the holder paces its heartbeats and its safe deadline on the duration it read before queueing, not on the term of its grant (tests/found_by_jepsen.rs, ignored)",
-    explains: queued_before_a_lowered_duration,
-}];
-
-/// What the known-bug matchers look at.
-pub struct Facts<'a> {
-    entries: &'a [&'a Entry],
-}
-
-/// The claim's holder queued before a lower-duration fault on its lease, and was granted
-/// while the duration was lowered: its term is shorter than the duration it paces itself on.
-fn queued_before_a_lowered_duration(facts: &Facts<'_>, claim: &str) -> bool {
-    let Some(granted) = facts
-        .entries
-        .iter()
-        .find(|e| matches!(&e.ev, Event::Acquired { claim: c, .. } if c == claim))
-    else {
-        return false;
-    };
-    let Event::Acquired { lease, .. } = &granted.ev else {
-        return false;
-    };
-    let queued = facts
-        .entries
-        .iter()
-        .take_while(|e| e.t <= granted.t)
-        .filter(|e| e.p == granted.p && matches!(e.ev, Event::Waiting { .. }))
-        .last()
-        .map_or(0, |e| e.t);
-    let mut lowered: Option<u64> = None;
-    for e in facts.entries {
-        match &e.ev {
-            Event::FaultStart {
-                kind: FaultKind::LowerDuration,
-                lease: Some(l),
-                ..
-            } if l == lease => lowered = Some(e.t),
-            Event::FaultEnd {
-                kind: FaultKind::LowerDuration,
-                ..
-            } => {
-                if let Some(start) = lowered.take()
-                    && queued < start
-                    && start <= granted.t
-                    && granted.t <= e.t
-                {
-                    return true;
-                }
-            }
-            _ => {}
-        }
-    }
-    false
-}
 
 /// The kinds of violation, in the order the table lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -163,7 +94,7 @@ pub struct Violation {
     pub kind: Kind,
     pub at: u64,
     pub message: String,
-    /// The library holders' claims it is about (for [`KNOWN_BUGS`]).
+    /// The library holders' claims it is about.
     pub claims: Vec<String>,
 }
 
@@ -196,8 +127,6 @@ pub struct Report {
     pub grants_held: usize,
     pub faults: BTreeMap<FaultKind, usize>,
     pub violations: Vec<Violation>,
-    /// Violations a known, unfixed bug explains (see [`KNOWN_BUGS`]): reported, not failing.
-    pub known: Vec<Violation>,
     /// Writes to fenced objects the apiserver refused because it could not configure the
     /// lease policy (its CRD paramKind not resolved yet after a restart, kubernetes#124237):
     /// how many, and the longest time after the end of a control-plane restart one came (ns).
@@ -211,7 +140,7 @@ pub struct Report {
     pub worst_regrant_over_term: Option<i64>,
     /// Smallest gap between a library holder's last Ok and the next (higher-token) holder's
     /// first Ok of the same lease, where the first did not let go (release, drop) before, its
-    /// lease was not deleted under it, and no known bug explains it: the margin expiry leaves
+    /// lease was not deleted under it: the margin expiry leaves
     /// (ns; negative would be an overlap).
     pub closest_handover: Option<i64>,
     /// The hand-overs it is the smallest of: (gap, the earlier holder's claim).
@@ -316,22 +245,6 @@ impl fmt::Display for Report {
                     .map_or("-".into(), |ns| format!("{:.1} s", ns as f64 / 1e9)),
             )?;
         }
-        if !self.known.is_empty() {
-            writeln!(
-                f,
-                "known bugs (reported, not failing) {:>12}",
-                self.known.len()
-            )?;
-            for kind in Kind::ALL {
-                let n = self.known.iter().filter(|v| v.kind == kind).count();
-                if n > 0 {
-                    row(f, kind.name(), n.to_string())?;
-                }
-            }
-            for bug in KNOWN_BUGS {
-                writeln!(f, "  known bug: {}", bug.name)?;
-            }
-        }
         writeln!(
             f,
             "liveness: {} holders killed or cut off checked ({} skipped: no live waiter, or another fault in the window); worst re-grant {} after the term",
@@ -362,29 +275,8 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
     fences(&entries, &mut report);
     liveness(&entries, config, &mut report);
     report.violations.sort_by_key(|v| v.at);
-    if config.allow_known {
-        let facts = Facts { entries: &entries };
-        let (known, unknown): (Vec<_>, Vec<_>) = std::mem::take(&mut report.violations)
-            .into_iter()
-            .partition(|v| {
-                !v.claims.is_empty()
-                    && KNOWN_BUGS
-                        .iter()
-                        .any(|bug| v.claims.iter().any(|c| (bug.explains)(&facts, c)))
-            });
-        report.violations = unknown;
-        report.known = known;
-    }
-    // The margin expiry leaves, where nothing known to be broken shrank it.
-    let facts = Facts { entries: &entries };
-    report.closest_handover = report
-        .handovers
-        .iter()
-        .filter(|(_, claim)| {
-            !config.allow_known || !KNOWN_BUGS.iter().any(|bug| (bug.explains)(&facts, claim))
-        })
-        .map(|(gap, _)| *gap)
-        .min();
+    // The margin expiry leaves.
+    report.closest_handover = report.handovers.iter().map(|(gap, _)| *gap).min();
     report
 }
 

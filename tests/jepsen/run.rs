@@ -15,16 +15,14 @@ use crate::cluster::{Cluster, LEASES};
 use crate::history::{self, FaultKind, Recorder};
 use crate::nemesis::{Nemesis, Pace};
 
-pub const USAGE: &str =
-    "usage: jepsen [--profile short|long] [--seed N] [--duration 20m] [--keep] [--strict]
+pub const USAGE: &str = "usage: jepsen [--profile short|long] [--seed N] [--duration 20m] [--keep]
        jepsen --check DIR      (check a kept history again)
 
   --profile   short: every fault once, short faults (the default; make test)
               long: every fault once, then faults at random until --duration (make soak)
   --seed      the random seed (default: random; printed, to replay a run's faults)
   --duration  how long the long profile injects faults (default 20m)
-  --keep      keep the history directory even when the run passes
-  --strict    fail on violations of known, unfixed bugs too (to check a fix)";
+  --keep      keep the history directory even when the run passes";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -38,7 +36,6 @@ pub struct Options {
     pub seed: u64,
     pub duration: Duration,
     pub keep: bool,
-    pub strict: bool,
     pub check: Option<PathBuf>,
 }
 
@@ -51,7 +48,6 @@ impl Options {
             seed: rand::random::<u32>().into(),
             duration: Duration::from_secs(20 * 60),
             keep: false,
-            strict: false,
             check: None,
         };
         let mut args = args.peekable();
@@ -85,7 +81,6 @@ impl Options {
                         .map_err(|e| format!("--duration: {e} (e.g. 20m, 1h)"))?
                 }
                 "--keep" => options.keep = true,
-                "--strict" => options.strict = true,
                 "--check" => options.check = Some(value("--check")?.into()),
                 "--help" | "-h" => {
                     println!("{USAGE}");
@@ -228,10 +223,7 @@ fn check(dir: &std::path::Path, options: &Options) -> bool {
             return false;
         }
     };
-    let config = Config {
-        allow_known: !options.strict,
-        ..Config::default()
-    };
+    let config = Config::default();
     let report = checker::check(&entries, &config);
     let what = match &options.check {
         Some(dir) => format!("history {}", dir.display()),
@@ -242,14 +234,6 @@ fn check(dir: &std::path::Path, options: &Options) -> bool {
         entries.len()
     );
     println!("{report}");
-    if let Some(v) = report.known.first() {
-        println!(
-            "jepsen: first violation of a known bug ({}) at {}:\n  {}",
-            v.kind.name(),
-            report.secs(v.at),
-            v.message
-        );
-    }
     match report.first_violation() {
         None => {
             println!("jepsen: no violations");
