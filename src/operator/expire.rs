@@ -39,14 +39,17 @@ pub enum Confirmed {
     Changed,
 }
 
-/// Confirms that claim `name` (uid `uid`) of lease `lease` has stayed silent, and makes its
+/// Confirms that claim `name` (uid `uid`) of lease `lease` has stayed silent since
+/// `seen_at` (when the decision to expire it last saw its heartbeat change), and makes its
 /// expiry final. `holder` says whether it held the lease (for the message and Event).
+#[allow(clippy::too_many_arguments)]
 pub async fn confirm_and_expire(
     ctx: &Context,
     ns: &str,
     lease: &str,
     name: &str,
     uid: &str,
+    seen_at: Instant,
     holder: bool,
     fresh: &mut Fresh,
 ) -> Result<Confirmed> {
@@ -68,9 +71,10 @@ pub async fn confirm_and_expire(
         return Ok(Confirmed::Expired);
     }
     let beat = beat_of(&claim);
-    if beat != ctx.heartbeats.last_value(uid) {
-        // The cache missed a heartbeat (a partition, a pause, a lagging watch): the claim
-        // renewed after the operator last looked. It gets a full term from now.
+    if ctx.heartbeats.moved_since(uid, beat.as_deref(), seen_at) {
+        // The cache missed a heartbeat (a partition, a pause, a lagging watch), or the watch
+        // brought one after the decision: the claim renewed after the operator last looked.
+        // It gets a full term from now.
         ctx.heartbeats.observe(uid, beat.as_deref(), now);
         info!(
             lease,

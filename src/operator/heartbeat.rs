@@ -72,6 +72,19 @@ impl Heartbeats {
             .changed_at
     }
 
+    /// Whether claim `uid`, whose heartbeat the operator had last seen change at `seen_at`
+    /// when it decided to expire it, has shown life since: `read` (its heartbeat as just read
+    /// from the API) differs from the last value seen, or the watch saw a change (or a relist
+    /// restarted its clock) after `seen_at`. The second half matters: a watch event can bring
+    /// the very value of the fresh read between the decision and this check, and comparing
+    /// values alone would then call a renewing claim silent.
+    pub fn moved_since(&self, uid: &str, read: Option<&str>, seen_at: Instant) -> bool {
+        match self.lock().get(uid) {
+            Some(s) => s.beat.as_deref() != read || s.changed_at > seen_at,
+            None => true,
+        }
+    }
+
     /// Forgets a deleted claim.
     pub fn forget(&self, uid: &str) {
         self.lock().remove(uid);
@@ -123,6 +136,27 @@ mod tests {
             hb.last_change("a", t0 + Duration::from_secs(6)),
             t0 + Duration::from_secs(5)
         );
+    }
+
+    #[test]
+    fn a_beat_the_watch_brought_after_the_decision_is_life() {
+        let hb = Heartbeats::default();
+        let t0 = Instant::now();
+        hb.observe("a", Some("10:00:00"), t0);
+        // Decided on t0 (silent for a term); the fresh read shows the same value: silent.
+        assert!(!hb.moved_since("a", Some("10:00:00"), t0));
+        // The fresh read shows a newer value than the operator has seen: alive.
+        assert!(hb.moved_since("a", Some("10:00:05"), t0));
+        // The watch delivered that newer value between the decision and the check: the
+        // values now match, but the clock moved after the decision: alive all the same.
+        hb.observe("a", Some("10:00:05"), t0 + Duration::from_secs(5));
+        assert!(hb.moved_since("a", Some("10:00:05"), t0));
+        // A relist restarted the clock after the decision: alive (a full term from it).
+        hb.observe("b", Some("10:00:00"), t0);
+        hb.restart_all(t0 + Duration::from_secs(1));
+        assert!(hb.moved_since("b", Some("10:00:00"), t0));
+        // Never seen: alive.
+        assert!(hb.moved_since("c", None, t0));
     }
 
     #[test]

@@ -385,8 +385,17 @@ async fn write_lease_status(
                     continue;
                 };
                 let holder = view.holder_uid.as_ref() == Some(uid);
-                let confirmed =
-                    confirm_and_expire(ctx, ns, name, &claim.name, uid, holder, &mut fresh).await?;
+                let confirmed = confirm_and_expire(
+                    ctx,
+                    ns,
+                    name,
+                    &claim.name,
+                    uid,
+                    claim.last_beat,
+                    holder,
+                    &mut fresh,
+                )
+                .await?;
                 if confirmed == Confirmed::Changed {
                     break;
                 }
