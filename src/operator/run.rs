@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -21,10 +21,12 @@ use tracing::{info, warn};
 use super::context::Context;
 use super::decode;
 use super::error::truncate;
+use super::events::Events;
 use super::heartbeat::{Heartbeats, beat_of};
 use super::index::Index;
 use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
+use super::written::Written;
 use super::{claims, reconcile};
 use crate::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION_PREFIX};
 
@@ -171,8 +173,14 @@ pub async fn run(
         controller: "fenced-lease-operator".into(),
         instance: settings.instance.clone(),
     };
-    let recorder = Recorder::new(client.clone(), reporter);
-    let unreadable = report_unreadable(recorder.clone(), metrics.clone(), settings.api_timeout);
+    let events = Events::start(
+        client.clone(),
+        reporter,
+        metrics.clone(),
+        settings.api_timeout,
+        stop.clone(),
+    );
+    let unreadable = report_unreadable(events.clone(), metrics.clone());
 
     let (lease_store, lease_writer) = reflector::store_shared::<FencedLease>(SHARED_BUFFER);
     let lease_events = lease_writer
@@ -181,11 +189,19 @@ pub async fn run(
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
     let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
     let pods_by_lease = Arc::new(Index::default());
+    let written = Arc::new(Written::default());
     let gone_leases = {
-        let (pods, orphan_tx, metrics) =
-            (pods_by_lease.clone(), orphan_tx.clone(), metrics.clone());
+        let (pods, orphan_tx, metrics, written) = (
+            pods_by_lease.clone(),
+            orphan_tx.clone(),
+            metrics.clone(),
+            written.clone(),
+        );
         move |event: &watcher::Event<FencedLease>| {
             if let watcher::Event::Delete(lease) = event {
+                if let Some(uid) = &lease.metadata.uid {
+                    written.forget(uid);
+                }
                 let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
                 metrics.forget_lease(&ns, &name);
                 for pod in annotated_pods(&pods, &ns, &name) {
@@ -226,8 +242,14 @@ pub async fn run(
                 let changes = ClaimChanges::default();
                 let (by_lease, by_pod) = (claims_by_lease.clone(), claims_by_pod.clone());
                 let store = claim_store.clone();
+                let written = written.clone();
                 move |event| {
                     observe_heartbeats(&observer, event);
+                    if let watcher::Event::Delete(claim) = event
+                        && let Some(uid) = &claim.metadata.uid
+                    {
+                        written.forget(uid);
+                    }
                     index_event(&by_lease, &store, event, |c| {
                         vec![c.spec.lease_name.clone()]
                     });
@@ -284,7 +306,7 @@ pub async fn run(
         claims: claim_store.clone(),
         pods: pod_store.clone(),
         heartbeats,
-        recorder,
+        events,
         metrics,
         api_timeout: settings.api_timeout,
         state_namespace: settings.state_namespace.clone(),
@@ -293,6 +315,7 @@ pub async fn run(
         resync: settings.resync,
         claims_by_lease,
         pods_by_lease: pods_by_lease.clone(),
+        written,
         fence_bindings: super::fence_binding::FenceBindings::start(
             client.clone(),
             ns.clone(),
@@ -403,9 +426,8 @@ where
 /// Reports an object the operator cannot read: a warning log, a metric, and a Warning Event
 /// on the object, so its owner learns why it is ignored.
 fn report_unreadable(
-    recorder: Recorder,
+    events: Events,
     metrics: Arc<Metrics>,
-    timeout: Duration,
 ) -> impl Fn(&DynamicObject, &serde_json::Error) + Clone + Send + Sync + 'static {
     move |object, error| {
         let kind = object
@@ -438,10 +460,7 @@ fn report_unreadable(
             action: "Read".into(),
             secondary: None,
         };
-        let recorder = recorder.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(timeout, recorder.publish(&event, &reference)).await;
-        });
+        events.publish(&reference, event);
     }
 }
 
