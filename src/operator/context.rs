@@ -47,6 +47,8 @@ pub struct Context {
     pub pods_by_lease: Arc<Index>,
     /// Versions of leases and claims this operator wrote over that its caches still show.
     pub written: Arc<super::written::Written>,
+    /// Leases the sweep of every lease has queued that have not started reconciling yet.
+    pub swept: super::sweep::Swept,
     /// The operator's admission policy bindings (leases with `spec.fenceObjects`).
     pub fence_bindings: super::fence_binding::FenceBindings,
 }

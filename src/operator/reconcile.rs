@@ -45,6 +45,7 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
     if result.is_ok() {
         ctx.failures.succeeded(&failure_key(&lease));
     }
+    ctx.swept.finished(&ObjectRef::from_obj(lease.as_ref()));
     result
 }
 

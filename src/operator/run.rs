@@ -26,6 +26,7 @@ use super::heartbeat::{Heartbeats, beat_of};
 use super::index::Index;
 use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
+use super::sweep;
 use super::written::Written;
 use super::{claims, reconcile};
 use crate::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION_PREFIX};
@@ -51,6 +52,9 @@ const SHARED_BUFFER: usize = 1024;
 /// operator started over thousands of waiting claims works through them instead of opening
 /// thousands of connections at once.
 const LEASE_CONCURRENCY: u16 = 32;
+/// Of those, at most this many reconcile leases of the sweep that follows every (re)list; the
+/// others stay free for changes (a new claim is granted at once while thousands are swept).
+const SWEEP_CONCURRENCY: usize = 24;
 /// Claims reconciled at once (only claims of missing leases do any work).
 const CLAIM_CONCURRENCY: u16 = 8;
 
@@ -167,7 +171,10 @@ pub async fn run(
     ready: Arc<std::sync::atomic::AtomicBool>,
     stop: CancellationToken,
 ) {
-    let wc = watcher::Config::default();
+    // Streaming lists: the initial list arrives object by object over the watch instead of
+    // in pages of 500, so the start over thousands of objects does not hold whole pages
+    // (decoded twice, see decode.rs) in memory at once.
+    let wc = watcher::Config::default().streaming_lists();
     let ns = &settings.namespace;
     let reporter = Reporter {
         controller: "fenced-lease-operator".into(),
@@ -183,9 +190,16 @@ pub async fn run(
     let unreadable = report_unreadable(events.clone(), metrics.clone());
 
     let (lease_store, lease_writer) = reflector::store_shared::<FencedLease>(SHARED_BUFFER);
+    // Every trigger of a lease reconcile goes through this channel: lease changes, claim and
+    // pod events, and the sweep of every lease after a (re)list. The shared store's own
+    // subscription is not one: it hands out every lease at once after each list.
+    let (lease_triggers, lease_trigger_events) =
+        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLease>>();
+    let (sweep_requests, sweep_request_events) = tokio::sync::mpsc::channel::<()>(1);
     let lease_events = lease_writer
         .subscribe()
-        .expect("a shared store hands out subscriptions");
+        .expect("a shared store hands out subscriptions")
+        .filter(|_| future::ready(false));
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
     let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
     let pods_by_lease = Arc::new(Index::default());
@@ -218,12 +232,24 @@ pub async fn run(
         decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
             .modify(prune)
             .reflect_shared(lease_writer)
-            .inspect_ok(gone_leases);
+            .inspect_ok(gone_leases)
+            .inspect_ok({
+                let (triggers, sweeps) = (lease_triggers.clone(), sweep_requests.clone());
+                move |event| match event {
+                    // A change: reconcile that lease now.
+                    watcher::Event::Apply(lease) => {
+                        let _ = triggers.send(ObjectRef::from_obj(lease));
+                    }
+                    // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
+                    watcher::Event::InitDone => {
+                        let _ = sweeps.try_send(());
+                    }
+                    _ => {}
+                }
+            });
 
     // Claim and pod events, deletions included (a shared store's subscribers only see
     // changes, and a deleted claim or pod is exactly what must hand a lease over at once).
-    let (lease_triggers, lease_trigger_events) =
-        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLease>>();
     let heartbeats = Arc::new(Heartbeats::default());
     let (claim_store, claim_writer) = reflector::store_shared::<FencedLeaseClaim>(SHARED_BUFFER);
     let claim_events = claim_writer
@@ -273,6 +299,7 @@ pub async fn run(
             .inspect_err(move |_| on_error.restart_all(Instant::now()));
 
     let binding_triggers = lease_triggers.clone();
+    let lease_triggers_for_sweep = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
     let (by_pod, by_annotation, pod_cache) = (
@@ -316,6 +343,7 @@ pub async fn run(
         claims_by_lease,
         pods_by_lease: pods_by_lease.clone(),
         written,
+        swept: Default::default(),
         fence_bindings: super::fence_binding::FenceBindings::start(
             client.clone(),
             ns.clone(),
@@ -357,15 +385,15 @@ pub async fn run(
     });
 
     // Every lease once the caches have synced (one being deleted while the operator was
-    // down, with no claim to trigger it, say); after that each lease requeues itself.
-    let initial = {
-        let store = lease_store.clone();
-        futures::stream::once(async move {
-            let _ = wait_synced(&store).await;
-        })
-    };
+    // down, with no claim to trigger it, say), paced; after that each lease requeues itself.
+    let sweeping = tokio::spawn(sweep::run(
+        ctx.clone(),
+        SWEEP_CONCURRENCY,
+        sweep_request_events,
+        lease_triggers_for_sweep,
+        stop.clone(),
+    ));
     let lease_controller = Controller::for_shared_stream(lease_events, lease_store)
-        .reconcile_all_on(initial)
         .with_config(controller::Config::default().concurrency(LEASE_CONCURRENCY))
         .reconcile_on(tokio_stream_from(lease_trigger_events))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -403,6 +431,7 @@ pub async fn run(
     for watch in watches {
         let _ = watch.await;
     }
+    let _ = sweeping.await;
     info!("controllers stopped");
 }
 
