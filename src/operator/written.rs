@@ -78,7 +78,10 @@ mod tests {
         w.wrote("a", Some("2"), Some("3"));
         assert!(w.is_superseded(Some("a"), Some("1")));
         assert!(w.is_superseded(Some("a"), Some("2")));
-        assert!(!w.is_superseded(Some("a"), Some("3")), "the cache caught up");
+        assert!(
+            !w.is_superseded(Some("a"), Some("3")),
+            "the cache caught up"
+        );
         assert!(w.is_empty(), "and the record is gone");
         assert!(
             !w.is_superseded(Some("a"), Some("1")),

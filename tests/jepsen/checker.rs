@@ -553,18 +553,18 @@ fn tokens(entries: &[&Entry], r: &mut Report) {
                 continue;
             }
             last = Some((holder, token));
-            if let Some((hrv, hclaim, htoken)) = highest {
-                if token < htoken {
-                    r.violations.push(Violation {
-                        claims: vec![],
-                        kind: Kind::GrantOrder,
-                        at: t,
-                        message: format!(
-                            "lease {lease}: granted token {token} to claim {holder} (resourceVersion {rv}) after token {htoken} to claim {hclaim} (resourceVersion {hrv}): tokens must increase in grant order"
-                        ),
-                    });
-                    continue;
-                }
+            if let Some((hrv, hclaim, htoken)) = highest
+                && token < htoken
+            {
+                r.violations.push(Violation {
+                    claims: vec![],
+                    kind: Kind::GrantOrder,
+                    at: t,
+                    message: format!(
+                        "lease {lease}: granted token {token} to claim {holder} (resourceVersion {rv}) after token {htoken} to claim {hclaim} (resourceVersion {hrv}): tokens must increase in grant order"
+                    ),
+                });
+                continue;
             }
             if highest.is_none_or(|h| token > h.2) {
                 highest = Some((rv, holder, token));
