@@ -171,10 +171,7 @@ pub async fn run(
     ready: Arc<std::sync::atomic::AtomicBool>,
     stop: CancellationToken,
 ) {
-    // Streaming lists: the initial list arrives object by object over the watch instead of
-    // in pages of 500, so the start over thousands of objects does not hold whole pages
-    // (decoded twice, see decode.rs) in memory at once.
-    let wc = watcher::Config::default().streaming_lists();
+    let wc = watcher::Config::default();
     let ns = &settings.namespace;
     let reporter = Reporter {
         controller: "fenced-lease-operator".into(),
@@ -265,6 +262,7 @@ pub async fn run(
             .reflect_shared(claim_writer)
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
+                let claim_sweeps = sweep_requests.clone();
                 let changes = ClaimChanges::default();
                 let (by_lease, by_pod) = (claims_by_lease.clone(), claims_by_pod.clone());
                 let store = claim_store.clone();
@@ -282,10 +280,15 @@ pub async fn run(
                     index_event(&by_pod, &store, event, |c| {
                         c.spec.pod_name.iter().cloned().collect()
                     });
+                    // A (re)list: every lease, paced, once it is done (not one trigger per
+                    // listed claim: thousands at once are what the sweep avoids).
+                    if matches!(event, watcher::Event::InitDone) {
+                        let _ = claim_sweeps.try_send(());
+                    }
                     for claim in touched(event) {
                         // A heartbeat alone only moves the holder's deadline later: the lease's
                         // timer already wakes it then, so it costs no reconcile (and no write).
-                        if !changes.matters(event, claim) {
+                        if !changes.matters(event, claim) || is_listed(event) {
                             continue;
                         }
                         if let Some(ns) = claim.metadata.namespace.as_deref() {
@@ -298,6 +301,7 @@ pub async fn run(
             // Heartbeats may have been missed: every claim gets a full term, as after a restart.
             .inspect_err(move |_| on_error.restart_all(Instant::now()));
 
+    let pod_sweeps = sweep_requests.clone();
     let binding_triggers = lease_triggers.clone();
     let lease_triggers_for_sweep = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
@@ -313,6 +317,9 @@ pub async fn run(
         .reflect_shared(pod_writer)
         .inspect_ok(move |event| {
             index_event(&by_annotation, &pod_cache, event, annotated_leases);
+            if matches!(event, watcher::Event::InitDone) {
+                let _ = pod_sweeps.try_send(());
+            }
             for pod in touched(event) {
                 for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
                     if leases_for_pods.get(&lease).is_none() && is_annotated(pod, &lease.name) {
@@ -322,7 +329,9 @@ pub async fn run(
                             lease: lease.name.clone(),
                         });
                     }
-                    let _ = lease_triggers.send(lease);
+                    if !is_listed(event) {
+                        let _ = lease_triggers.send(lease);
+                    }
                 }
             }
         });
@@ -491,6 +500,11 @@ fn report_unreadable(
         };
         events.publish(&reference, event);
     }
+}
+
+/// Is this an object of a (re)list? Those are reconciled by the sweep once the list is done.
+fn is_listed<K>(event: &watcher::Event<K>) -> bool {
+    matches!(event, watcher::Event::InitApply(_))
 }
 
 /// The objects a watch event adds, changes or removes.

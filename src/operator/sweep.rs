@@ -77,6 +77,9 @@ pub async fn run(
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Requests made until now (the lease, claim and pod lists all end at the start) are
+        // served by this sweep.
+        while requests.try_recv().is_ok() {}
         let (store, swept) = (&ctx.leases, &ctx.swept);
         let leases: Vec<ObjectRef<FencedLease>> = store
             .state()
