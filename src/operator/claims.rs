@@ -123,8 +123,7 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
             "Revoked",
             "Hand-over",
             message,
-        )
-        .await;
+        );
     } else if !already_told {
         ctx.event(
             &claim.object_ref(&()),
@@ -132,8 +131,7 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
             "LeaseNotFound",
             "Grant",
             message,
-        )
-        .await;
+        );
     }
     Ok(Action::await_change())
 }

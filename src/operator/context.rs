@@ -7,11 +7,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Client;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 
 use super::backoff::Failures;
 use super::error::truncate;
+use super::events::Events;
 use super::heartbeat::Heartbeats;
 use super::index::Index;
 use super::metrics::Metrics;
@@ -25,7 +26,8 @@ pub struct Context {
     /// Pod metadata only: existence and annotations are all the operator reads of pods.
     pub pods: Store<PartialObjectMeta<Pod>>,
     pub heartbeats: Arc<Heartbeats>,
-    pub recorder: Recorder,
+    /// Events are queued here and published in the background, never awaited.
+    pub events: Events,
     pub metrics: Arc<Metrics>,
     /// Namespace of the operator's own state (the token high-water marks).
     pub state_namespace: String,
@@ -43,6 +45,10 @@ pub struct Context {
     pub claims_by_lease: Arc<Index>,
     /// Pods by the leases whose token annotation they carry.
     pub pods_by_lease: Arc<Index>,
+    /// Versions of leases and claims this operator wrote over that its caches still show.
+    pub written: Arc<super::written::Written>,
+    /// Leases the sweep of every lease has queued that have not started reconciling yet.
+    pub swept: super::sweep::Swept,
     /// The operator's admission policy bindings (leases with `spec.fenceObjects`).
     pub fence_bindings: super::fence_binding::FenceBindings,
 }
@@ -69,8 +75,8 @@ impl Context {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// Publishes an Event; a failure is logged, never fatal to the reconcile.
-    pub async fn event(
+    /// Queues an Event for publishing; never waits, and a failure is never fatal.
+    pub fn event(
         &self,
         on: &ObjectReference,
         type_: EventType,
@@ -78,14 +84,13 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        self.event_about(on, None, type_, reason, action, note)
-            .await;
+        self.event_about(on, None, type_, reason, action, note);
     }
 
-    /// Publishes an Event about `on` that concerns `related` too (a lease's claim). Events of
+    /// Queues an Event about `on` that concerns `related` too (a lease's claim). Events of
     /// the same reason about different claims stay distinct instead of being folded into one
     /// series, so every grant keeps its own note (and token).
-    pub async fn event_about(
+    pub fn event_about(
         &self,
         on: &ObjectReference,
         related: Option<ObjectReference>,
@@ -101,10 +106,6 @@ impl Context {
             action: action.into(),
             secondary: related,
         };
-        match tokio::time::timeout(self.api_timeout, self.recorder.publish(&event, on)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(reason, error = %e, "cannot publish Event"),
-            Err(_) => tracing::warn!(reason, "publishing an Event timed out"),
-        }
+        self.events.publish(on, event);
     }
 }

@@ -90,9 +90,14 @@ where
             .map_err(|e| unreadable(object, &e))
             .ok()
     };
+    // managedFields are never read, and the largest part of most objects: not copied.
+    let lean = |mut object: DynamicObject| {
+        object.metadata.managed_fields = None;
+        object
+    };
     Some(match event {
-        watcher::Event::Apply(o) => watcher::Event::Apply(decode(&o)?),
-        watcher::Event::InitApply(o) => watcher::Event::InitApply(decode(&o)?),
+        watcher::Event::Apply(o) => watcher::Event::Apply(decode(&lean(o))?),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(decode(&lean(o))?),
         watcher::Event::Delete(o) => {
             watcher::Event::Delete(decode(&o).unwrap_or_else(|| K::skeleton(o.metadata)))
         }

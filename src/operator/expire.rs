@@ -115,8 +115,7 @@ pub async fn confirm_and_expire(
                 "Expired",
                 "Hand-over",
                 note,
-            )
-            .await;
+            );
             fresh.insert(uid.to_string(), Some(written));
             Ok(Confirmed::Expired)
         }

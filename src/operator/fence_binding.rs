@@ -263,8 +263,7 @@ async fn warn_if_policy_missing(ctx: &Context, lease: &FencedLease) {
             "FencePolicyMissing",
             "FenceObjects",
             note,
-        )
-        .await;
+        );
     }
 }
 

@@ -163,12 +163,13 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
     )))
 }
 
-/// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost.
+/// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost;
+/// the lease as written, `None` when it is gone.
 pub async fn add_finalizer(
     ctx: &Context,
     api: &Api<FencedLease>,
     lease: &FencedLease,
-) -> Result<()> {
+) -> Result<Option<FencedLease>> {
     let mut finalizers = lease.metadata.finalizers.clone().unwrap_or_default();
     finalizers.push(FINALIZER.to_string());
     patch_finalizers(ctx, api, lease, finalizers).await
@@ -191,7 +192,9 @@ pub async fn remove_finalizer(
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_finalizers(ctx, api, lease, finalizers).await
+    patch_finalizers(ctx, api, lease, finalizers)
+        .await
+        .map(drop)
 }
 
 async fn patch_finalizers(
@@ -199,7 +202,7 @@ async fn patch_finalizers(
     api: &Api<FencedLease>,
     lease: &FencedLease,
     finalizers: Vec<String>,
-) -> Result<()> {
+) -> Result<Option<FencedLease>> {
     let name = lease.metadata.name.clone().unwrap_or_default();
     let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": lease.metadata.resource_version } });
     match timed(
@@ -209,8 +212,15 @@ async fn patch_finalizers(
     )
     .await
     {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
+        Ok(written) => {
+            ctx.written.wrote(
+                written.metadata.uid.as_deref().unwrap_or_default(),
+                lease.metadata.resource_version.as_deref(),
+                written.metadata.resource_version.as_deref(),
+            );
+            Ok(Some(written))
+        }
+        Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -46,6 +46,12 @@ pub struct Metrics {
     pub holders: Family<LeaseLabels, Gauge>,
     /// Claims waiting for the lease.
     pub waiting: Family<LeaseLabels, Gauge>,
+    /// Events put on the publishing queue.
+    pub events_queued: Counter,
+    /// Events dropped because the publishing queue was full (never waited for).
+    pub events_dropped: Counter,
+    /// Events the apiserver refused or did not answer in time.
+    pub events_failed: Counter,
 }
 
 impl Default for Metrics {
@@ -83,8 +89,29 @@ impl Default for Metrics {
             "Claims waiting for the lease",
             waiting.clone(),
         );
+        let events_queued = Counter::default();
+        registry.register(
+            "events_queued",
+            "Kubernetes Events queued for publishing",
+            events_queued.clone(),
+        );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events dropped because the publishing queue was full",
+            events_dropped.clone(),
+        );
+        let events_failed = Counter::default();
+        registry.register(
+            "events_failed",
+            "Kubernetes Events the apiserver refused or did not answer in time",
+            events_failed.clone(),
+        );
         Self {
             registry,
+            events_queued,
+            events_dropped,
+            events_failed,
             transitions,
             conflicts,
             reconcile_errors,

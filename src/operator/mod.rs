@@ -12,7 +12,9 @@
 //!   annotations of leases that are gone; [`fence_binding`]: the admission policy binding
 //!   that fences a lease's Kubernetes objects (`spec.fenceObjects`).
 //! - [`run`]: watches and controllers ([`decode`]: watches one unreadable object cannot stop); [`leader`]: leader election; [`http`]: health and
-//!   metrics endpoints; [`metrics`], [`error`], [`context`].
+//!   metrics endpoints; [`metrics`], [`error`], [`context`]; [`events`]: Kubernetes Events, queued and published
+//!   off the reconcile path; [`written`]: the operator's own writes its caches have not shown yet;
+//!   [`sweep`]: every lease reconciled after a (re)list, a few at a time.
 
 pub mod backoff;
 pub mod claims;
@@ -20,6 +22,7 @@ pub mod context;
 pub mod decide;
 pub mod decode;
 pub mod error;
+pub mod events;
 pub mod expire;
 pub mod fence_binding;
 pub mod heartbeat;
@@ -33,4 +36,6 @@ pub mod pods;
 pub mod reconcile;
 pub mod run;
 pub mod status;
+pub mod sweep;
 pub mod token;
+pub mod written;

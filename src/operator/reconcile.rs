@@ -30,6 +30,8 @@ pub const MANAGER: &str = "fenced-lease-operator";
 /// Rounds of decide-and-write before giving up this reconcile (each after a 409 re-read or
 /// an expiry confirmation).
 const MAX_ROUNDS: usize = 8;
+/// Look again this soon at a lease whose cached copy lags the operator's own write.
+const STALE_RETRY: Duration = Duration::from_secs(2);
 
 pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.is_synced() {
@@ -43,6 +45,7 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
     if result.is_ok() {
         ctx.failures.succeeded(&failure_key(&lease));
     }
+    ctx.swept.finished(&ObjectRef::from_obj(lease.as_ref()));
     result
 }
 
@@ -68,14 +71,15 @@ pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -
     } else {
         warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, attempt, "reconcile failed");
         if new_cause || attempt.is_power_of_two() {
-            let ctx = ctx.clone();
             let reference = lease.object_ref(&());
             let note = format!("{error}");
-            let reason = error.event_reason();
-            tokio::spawn(async move {
-                ctx.event(&reference, EventType::Warning, reason, "Reconcile", note)
-                    .await
-            });
+            ctx.event(
+                &reference,
+                EventType::Warning,
+                error.event_reason(),
+                "Reconcile",
+                note,
+            );
         }
     }
     Action::requeue(retry_delay(attempt, rand::random::<f64>()))
@@ -91,15 +95,33 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     if lease.metadata.deletion_timestamp.is_some() {
         return finalize(ctx, &api, &lease, &ns, &name).await;
     }
-    if !high_water::has_finalizer(&lease) {
-        // No token is issued before the finalizer that will record it is in place.
+    if ctx.written.is_superseded(
+        lease.metadata.uid.as_deref(),
+        lease.metadata.resource_version.as_deref(),
+    ) {
+        // The cache has not shown this operator's own last write of the lease yet: deciding
+        // on this copy would repeat it (a 409 and a read). Its watch event brings the next
+        // reconcile; the requeue is only a safety net.
+        return Ok(Action::requeue(STALE_RETRY));
+    }
+    let lease = if high_water::has_finalizer(&lease) {
+        lease
+    } else {
+        // No token is issued before the finalizer that will record it is in place; the
+        // lease as written carries it, so the grant goes on in this same reconcile.
         match high_water::add_finalizer(ctx, &api, &lease).await {
             // Our cached copy is older than the lease: its update event is on its way.
             Err(e) if e.is_conflict() => return Ok(Action::requeue(Duration::from_millis(100))),
-            result => result?,
+            Ok(Some(mut written)) if high_water::has_finalizer(&written) => {
+                written.metadata.managed_fields = None;
+                Arc::new(written)
+            }
+            result => {
+                result?;
+                return Ok(Action::await_change());
+            }
         }
-        return Ok(Action::await_change());
-    }
+    };
 
     let written = match write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await {
         Err(error @ Error::TokenRecord { .. }) => {
@@ -113,7 +135,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         Outcome::Gone => return Ok(Action::await_change()),
         Outcome::Requeue => return Ok(Action::requeue(Duration::from_millis(100))),
     };
-    report_transitions(ctx, &lease, &before, &plan, &ns, &name).await;
+    report_transitions(ctx, &lease, &before, &plan, &ns, &name);
 
     let status = lease.status.clone().unwrap_or_default();
     repair_claims(ctx, &status, &plan, &fresh, &ns, &name).await?;
@@ -158,7 +180,7 @@ async fn finalize(
             write_lease_status(ctx, api, lease.clone(), ns, name).await?
         {
             let (before, written, plan, fresh) = *outcome;
-            report_transitions(ctx, &written, &before, &plan, ns, name).await;
+            report_transitions(ctx, &written, &before, &plan, ns, name);
             let status = written.status.clone().unwrap_or_default();
             repair_claims(ctx, &status, &plan, &fresh, ns, name).await?;
         }
@@ -440,7 +462,14 @@ async fn write_lease_status(
         )
         .await;
         match written {
-            Ok(written) => return Ok(Outcome::Written(Box::new((current, written, plan, fresh)))),
+            Ok(written) => {
+                ctx.written.wrote(
+                    written.metadata.uid.as_deref().unwrap_or_default(),
+                    update.metadata.resource_version.as_deref(),
+                    written.metadata.resource_version.as_deref(),
+                );
+                return Ok(Outcome::Written(Box::new((current, written, plan, fresh))));
+            }
             Err(e) if e.is_conflict() => {
                 ctx.metrics.conflicts.inc();
                 info!(lease = %name, namespace = %ns, "lease changed since it was read; deciding again");
@@ -532,7 +561,7 @@ async fn confirm_holder(
     Ok(Some((claim, pod)))
 }
 
-async fn report_transitions(
+fn report_transitions(
     ctx: &Context,
     lease: &FencedLease,
     before: &FencedLeaseStatus,
@@ -587,8 +616,7 @@ async fn report_transitions(
             reason,
             "Hand-over",
             note,
-        )
-        .await;
+        );
     }
     if let Some(grant) = &plan.grant {
         let identity = status
@@ -610,8 +638,7 @@ async fn report_transitions(
             "Granted",
             "Grant",
             note,
-        )
-        .await;
+        );
     }
     if plan.tokens_exhausted {
         let note = "no fencing token is left to issue: the token space is exhausted".to_string();
@@ -621,8 +648,7 @@ async fn report_transitions(
             "TokensExhausted",
             "Grant",
             note,
-        )
-        .await;
+        );
     }
 }
 
@@ -643,6 +669,14 @@ async fn repair_claims(
         current_claims(ctx, ns, name, fresh)
             .into_iter()
             .filter(|c| c.metadata.deletion_timestamp.is_none())
+            // A claim whose cached copy this operator has already written over: its watch
+            // event is on its way and reconciles the lease again; writing now would repeat.
+            .filter(|c| {
+                !ctx.written.is_superseded(
+                    c.metadata.uid.as_deref(),
+                    c.metadata.resource_version.as_deref(),
+                )
+            })
             // A claim granted a token above this status's was granted after it was written
             // (by another replica, between our write and this repair): this status is stale
             // for it, and must not revoke it.
@@ -689,7 +723,11 @@ async fn repair_claims(
         )
         .await
         {
-            Ok(_) => {}
+            Ok(written) => ctx.written.wrote(
+                claim.metadata.uid.as_deref().unwrap_or_default(),
+                claim.metadata.resource_version.as_deref(),
+                written.metadata.resource_version.as_deref(),
+            ),
             Err(e) if e.is_not_found() => continue,
             // The claim reached a final phase the cache has not shown us yet (Expired and
             // Revoked are final; the CRD refuses to leave them): nothing to repair.
@@ -707,8 +745,7 @@ async fn repair_claims(
                 "Granted",
                 "Grant",
                 format!("holds lease {name} with token {token}"),
-            )
-            .await;
+            );
         } else if was != became && matches!(became, Some(ClaimPhase::Expired | ClaimPhase::Revoked))
         {
             let reason = if became == Some(ClaimPhase::Expired) {
@@ -722,12 +759,11 @@ async fn repair_claims(
                 reason,
                 "Hand-over",
                 desired.message.clone().unwrap_or_default(),
-            )
-            .await;
+            );
         }
         if pod_missing_now {
             let pod = claim.spec.pod_name.clone().unwrap_or_default();
-            ctx.event(&claim.object_ref(&()), EventType::Warning, "PodNotFound", "Grant", format!("pod {pod} does not exist in namespace {ns}; the claim cannot hold lease {name} until it does")).await;
+            ctx.event(&claim.object_ref(&()), EventType::Warning, "PodNotFound", "Grant", format!("pod {pod} does not exist in namespace {ns}; the claim cannot hold lease {name} until it does"));
         }
     }
     Ok(())

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -21,10 +21,13 @@ use tracing::{info, warn};
 use super::context::Context;
 use super::decode;
 use super::error::truncate;
+use super::events::Events;
 use super::heartbeat::{Heartbeats, beat_of};
 use super::index::Index;
 use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
+use super::sweep;
+use super::written::Written;
 use super::{claims, reconcile};
 use crate::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION_PREFIX};
 
@@ -49,6 +52,9 @@ const SHARED_BUFFER: usize = 1024;
 /// operator started over thousands of waiting claims works through them instead of opening
 /// thousands of connections at once.
 const LEASE_CONCURRENCY: u16 = 32;
+/// Of those, at most this many reconcile leases of the sweep that follows every (re)list; the
+/// others stay free for changes (a new claim is granted at once while thousands are swept).
+const SWEEP_CONCURRENCY: usize = 24;
 /// Claims reconciled at once (only claims of missing leases do any work).
 const CLAIM_CONCURRENCY: u16 = 8;
 
@@ -171,21 +177,42 @@ pub async fn run(
         controller: "fenced-lease-operator".into(),
         instance: settings.instance.clone(),
     };
-    let recorder = Recorder::new(client.clone(), reporter);
-    let unreadable = report_unreadable(recorder.clone(), metrics.clone(), settings.api_timeout);
+    let events = Events::start(
+        client.clone(),
+        reporter,
+        metrics.clone(),
+        settings.api_timeout,
+        stop.clone(),
+    );
+    let unreadable = report_unreadable(events.clone(), metrics.clone());
 
     let (lease_store, lease_writer) = reflector::store_shared::<FencedLease>(SHARED_BUFFER);
+    // Every trigger of a lease reconcile goes through this channel: lease changes, claim and
+    // pod events, and the sweep of every lease after a (re)list. The shared store's own
+    // subscription is not one: it hands out every lease at once after each list.
+    let (lease_triggers, lease_trigger_events) =
+        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLease>>();
+    let (sweep_requests, sweep_request_events) = tokio::sync::mpsc::channel::<()>(1);
     let lease_events = lease_writer
         .subscribe()
-        .expect("a shared store hands out subscriptions");
+        .expect("a shared store hands out subscriptions")
+        .filter(|_| future::ready(false));
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
     let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
     let pods_by_lease = Arc::new(Index::default());
+    let written = Arc::new(Written::default());
     let gone_leases = {
-        let (pods, orphan_tx, metrics) =
-            (pods_by_lease.clone(), orphan_tx.clone(), metrics.clone());
+        let (pods, orphan_tx, metrics, written) = (
+            pods_by_lease.clone(),
+            orphan_tx.clone(),
+            metrics.clone(),
+            written.clone(),
+        );
         move |event: &watcher::Event<FencedLease>| {
             if let watcher::Event::Delete(lease) = event {
+                if let Some(uid) = &lease.metadata.uid {
+                    written.forget(uid);
+                }
                 let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
                 metrics.forget_lease(&ns, &name);
                 for pod in annotated_pods(&pods, &ns, &name) {
@@ -202,12 +229,24 @@ pub async fn run(
         decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
             .modify(prune)
             .reflect_shared(lease_writer)
-            .inspect_ok(gone_leases);
+            .inspect_ok(gone_leases)
+            .inspect_ok({
+                let (triggers, sweeps) = (lease_triggers.clone(), sweep_requests.clone());
+                move |event| match event {
+                    // A change: reconcile that lease now.
+                    watcher::Event::Apply(lease) => {
+                        let _ = triggers.send(ObjectRef::from_obj(lease));
+                    }
+                    // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
+                    watcher::Event::InitDone => {
+                        let _ = sweeps.try_send(());
+                    }
+                    _ => {}
+                }
+            });
 
     // Claim and pod events, deletions included (a shared store's subscribers only see
     // changes, and a deleted claim or pod is exactly what must hand a lease over at once).
-    let (lease_triggers, lease_trigger_events) =
-        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLease>>();
     let heartbeats = Arc::new(Heartbeats::default());
     let (claim_store, claim_writer) = reflector::store_shared::<FencedLeaseClaim>(SHARED_BUFFER);
     let claim_events = claim_writer
@@ -223,21 +262,33 @@ pub async fn run(
             .reflect_shared(claim_writer)
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
+                let claim_sweeps = sweep_requests.clone();
                 let changes = ClaimChanges::default();
                 let (by_lease, by_pod) = (claims_by_lease.clone(), claims_by_pod.clone());
                 let store = claim_store.clone();
+                let written = written.clone();
                 move |event| {
                     observe_heartbeats(&observer, event);
+                    if let watcher::Event::Delete(claim) = event
+                        && let Some(uid) = &claim.metadata.uid
+                    {
+                        written.forget(uid);
+                    }
                     index_event(&by_lease, &store, event, |c| {
                         vec![c.spec.lease_name.clone()]
                     });
                     index_event(&by_pod, &store, event, |c| {
                         c.spec.pod_name.iter().cloned().collect()
                     });
+                    // A (re)list: every lease, paced, once it is done (not one trigger per
+                    // listed claim: thousands at once are what the sweep avoids).
+                    if matches!(event, watcher::Event::InitDone) {
+                        let _ = claim_sweeps.try_send(());
+                    }
                     for claim in touched(event) {
                         // A heartbeat alone only moves the holder's deadline later: the lease's
                         // timer already wakes it then, so it costs no reconcile (and no write).
-                        if !changes.matters(event, claim) {
+                        if !changes.matters(event, claim) || is_listed(event) {
                             continue;
                         }
                         if let Some(ns) = claim.metadata.namespace.as_deref() {
@@ -250,7 +301,9 @@ pub async fn run(
             // Heartbeats may have been missed: every claim gets a full term, as after a restart.
             .inspect_err(move |_| on_error.restart_all(Instant::now()));
 
+    let pod_sweeps = sweep_requests.clone();
     let binding_triggers = lease_triggers.clone();
+    let lease_triggers_for_sweep = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
     let (by_pod, by_annotation, pod_cache) = (
@@ -264,6 +317,9 @@ pub async fn run(
         .reflect_shared(pod_writer)
         .inspect_ok(move |event| {
             index_event(&by_annotation, &pod_cache, event, annotated_leases);
+            if matches!(event, watcher::Event::InitDone) {
+                let _ = pod_sweeps.try_send(());
+            }
             for pod in touched(event) {
                 for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
                     if leases_for_pods.get(&lease).is_none() && is_annotated(pod, &lease.name) {
@@ -273,7 +329,9 @@ pub async fn run(
                             lease: lease.name.clone(),
                         });
                     }
-                    let _ = lease_triggers.send(lease);
+                    if !is_listed(event) {
+                        let _ = lease_triggers.send(lease);
+                    }
                 }
             }
         });
@@ -284,7 +342,7 @@ pub async fn run(
         claims: claim_store.clone(),
         pods: pod_store.clone(),
         heartbeats,
-        recorder,
+        events,
         metrics,
         api_timeout: settings.api_timeout,
         state_namespace: settings.state_namespace.clone(),
@@ -293,6 +351,8 @@ pub async fn run(
         resync: settings.resync,
         claims_by_lease,
         pods_by_lease: pods_by_lease.clone(),
+        written,
+        swept: Default::default(),
         fence_bindings: super::fence_binding::FenceBindings::start(
             client.clone(),
             ns.clone(),
@@ -334,15 +394,15 @@ pub async fn run(
     });
 
     // Every lease once the caches have synced (one being deleted while the operator was
-    // down, with no claim to trigger it, say); after that each lease requeues itself.
-    let initial = {
-        let store = lease_store.clone();
-        futures::stream::once(async move {
-            let _ = wait_synced(&store).await;
-        })
-    };
+    // down, with no claim to trigger it, say), paced; after that each lease requeues itself.
+    let sweeping = tokio::spawn(sweep::run(
+        ctx.clone(),
+        SWEEP_CONCURRENCY,
+        sweep_request_events,
+        lease_triggers_for_sweep,
+        stop.clone(),
+    ));
     let lease_controller = Controller::for_shared_stream(lease_events, lease_store)
-        .reconcile_all_on(initial)
         .with_config(controller::Config::default().concurrency(LEASE_CONCURRENCY))
         .reconcile_on(tokio_stream_from(lease_trigger_events))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -380,6 +440,7 @@ pub async fn run(
     for watch in watches {
         let _ = watch.await;
     }
+    let _ = sweeping.await;
     info!("controllers stopped");
 }
 
@@ -403,9 +464,8 @@ where
 /// Reports an object the operator cannot read: a warning log, a metric, and a Warning Event
 /// on the object, so its owner learns why it is ignored.
 fn report_unreadable(
-    recorder: Recorder,
+    events: Events,
     metrics: Arc<Metrics>,
-    timeout: Duration,
 ) -> impl Fn(&DynamicObject, &serde_json::Error) + Clone + Send + Sync + 'static {
     move |object, error| {
         let kind = object
@@ -438,11 +498,13 @@ fn report_unreadable(
             action: "Read".into(),
             secondary: None,
         };
-        let recorder = recorder.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(timeout, recorder.publish(&event, &reference)).await;
-        });
+        events.publish(&reference, event);
     }
+}
+
+/// Is this an object of a (re)list? Those are reconciled by the sweep once the list is done.
+fn is_listed<K>(event: &watcher::Event<K>) -> bool {
+    matches!(event, watcher::Event::InitApply(_))
 }
 
 /// The objects a watch event adds, changes or removes.

@@ -1,0 +1,162 @@
+//! Kubernetes Events, published off the reconcile path: reconciles put them on a bounded
+//! queue and go on; one task drains it a few at a time. A full queue drops the Event and
+//! counts it (`fenced_lease_events_dropped_total`) rather than hold up a grant: Events are a
+//! report, the lease and claim statuses are the record.
+//!
+//! Warnings go through kube's [`Recorder`], which folds a repeated warning into one Event
+//! series with a count. Normal Events (grants, releases, expiries) are one per transition
+//! and are created directly: the Recorder keeps every Event it published in the last six
+//! minutes and scans them all on each publish, which at thousands of grants a minute costs
+//! tens of MiB and a scan per grant.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::Metrics;
+
+/// Events waiting to be published; beyond this they are dropped.
+pub const QUEUE: usize = 1024;
+/// Events being published at once (each is one apiserver write).
+const IN_FLIGHT: usize = 4;
+
+/// The sending side of the Event queue (cheap to clone).
+#[derive(Clone)]
+pub struct Events {
+    tx: mpsc::Sender<(Event, ObjectReference)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Events {
+    /// Starts the task that publishes queued Events with `recorder`, each within `timeout`,
+    /// until `stop` (Events still queued then are dropped).
+    pub fn start(
+        client: kube::Client,
+        reporter: Reporter,
+        metrics: Arc<Metrics>,
+        timeout: Duration,
+        stop: CancellationToken,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let publisher = Publisher {
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
+        };
+        tokio::spawn(drain(publisher, metrics.clone(), rx, timeout, stop));
+        Self { tx, metrics }
+    }
+
+    /// Queues `event` about `on`; never waits. A full queue drops it (counted and logged).
+    pub fn publish(&self, on: &ObjectReference, event: Event) {
+        match self.tx.try_send((event, on.clone())) {
+            Ok(()) => {
+                self.metrics.events_queued.inc();
+            }
+            Err(mpsc::error::TrySendError::Full((event, _))) => {
+                self.metrics.events_dropped.inc();
+                tracing::debug!(reason = %event.reason, name = ?on.name, "Event queue full; Event dropped");
+            }
+            // The publisher stopped: the operator is shutting down.
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.metrics.events_dropped.inc();
+            }
+        }
+    }
+}
+
+/// Publishes one Event: Warnings through the Recorder (series), Normal ones created directly.
+#[derive(Clone)]
+struct Publisher {
+    client: kube::Client,
+    reporter: Reporter,
+    recorder: Recorder,
+}
+
+impl Publisher {
+    async fn publish(&self, event: &Event, on: &ObjectReference) -> Result<(), kube::Error> {
+        if event.type_ == EventType::Warning {
+            return self.recorder.publish(event, on).await;
+        }
+        let ns = on.namespace.as_deref().unwrap_or("default");
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), ns);
+        api.create(&PostParams::default(), &self.normal(event, on))
+            .await
+            .map(drop)
+    }
+
+    /// The Event object, as the Recorder would write its first occurrence.
+    fn normal(&self, event: &Event, on: &ObjectReference) -> K8sEvent {
+        let now = Timestamp::now();
+        let controller = &self.reporter.controller;
+        K8sEvent {
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(on.clone()),
+            related: event.secondary.clone(),
+            note: event.note.clone(),
+            metadata: ObjectMeta {
+                namespace: on.namespace.clone(),
+                name: Some(format!(
+                    "{}.{:x}",
+                    on.name.as_deref().unwrap_or(controller),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            reporting_controller: Some(controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| controller.clone()),
+            ),
+            type_: Some("Normal".into()),
+            ..Default::default()
+        }
+    }
+}
+
+async fn drain(
+    publisher: Publisher,
+    metrics: Arc<Metrics>,
+    rx: mpsc::Receiver<(Event, ObjectReference)>,
+    timeout: Duration,
+    stop: CancellationToken,
+) {
+    let queued = futures::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
+    });
+    queued
+        .take_until(stop.cancelled_owned())
+        .map(|(event, on)| {
+            let (publisher, metrics) = (publisher.clone(), metrics.clone());
+            async move {
+                match tokio::time::timeout(timeout, publisher.publish(&event, &on)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        metrics.events_failed.inc();
+                        tracing::warn!(reason = %event.reason, error = %e, "cannot publish Event");
+                    }
+                    Err(_) => {
+                        metrics.events_failed.inc();
+                        tracing::warn!(reason = %event.reason, "publishing an Event timed out");
+                    }
+                }
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .for_each(|()| futures::future::ready(()))
+        .await;
+}
