@@ -196,6 +196,9 @@ async fn finalize(
         return Ok(Action::requeue(left));
     }
     high_water::remove_finalizer(ctx, api, lease).await?;
+    if let Some(holder) = &status.holder {
+        ctx.heartbeats.forget(&holder.claim_uid);
+    }
     ctx.metrics.forget_lease(ns, name);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
@@ -225,7 +228,9 @@ fn holders_may_believe(
             .map_or(Duration::ZERO, seconds),
     );
     let cached = claims_of(ctx, ns, name);
-    // The holder the status names, even if the cache has not heard of its claim yet.
+    // The holder the status names, even if the cache has not (or no longer) heard of its
+    // claim: a term from when this operator first looked, a fixed instant, so that a status
+    // that keeps naming a claim that is gone cannot keep the lease forever.
     let named = status.holder.as_ref().map(|h| h.claim_uid.as_str());
     let mut until = named
         .filter(|uid| {
@@ -233,7 +238,7 @@ fn holders_may_believe(
                 .iter()
                 .any(|c| c.metadata.uid.as_deref() == Some(uid))
         })
-        .map(|_| now + lease_term);
+        .map(|uid| ctx.heartbeats.last_change(uid, now) + lease_term);
     for claim in &cached {
         let granted = claim
             .status
