@@ -85,15 +85,13 @@ async fn a_waiter_granted_after_the_duration_was_lowered_holds_by_its_term() {
 /// failed before the finalizer waited: B held while A had about 4.5 s left).
 #[tokio::test]
 async fn a_recreated_lease_is_not_granted_before_the_old_holders_deadline() {
-    use common::client_from_kubeconfig;
     use common::proxy::Proxy;
 
     let ns = TestNamespace::new("recreated-held").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("l", 5);
-    let cp = common::control_plane();
-    let a_proxy = Proxy::for_kubeconfig(&cp.kubeconfig).await;
-    let a_client = client_from_kubeconfig(&a_proxy.through(&cp.kubeconfig)).await;
+    let a_proxy = Proxy::start(&ns).await;
+    let a_client = a_proxy.client(&ns).await;
     let a = acquire(
         a_client,
         &ns.name,

@@ -36,23 +36,6 @@ impl Proxy {
             .cluster_url
             .port_u16()
             .expect("apiserver port");
-        Self::start_to(upstream).await
-    }
-
-    /// A proxy to the apiserver `kubeconfig` names (on loopback).
-    pub async fn for_kubeconfig(kubeconfig: &Path) -> Self {
-        let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
-        let server = kc
-            .clusters
-            .iter()
-            .find_map(|c| c.cluster.as_ref()?.server.clone())
-            .expect("a server in the kubeconfig");
-        let url: http::Uri = server.parse().expect("the server is a URL");
-        Self::start_to(url.port_u16().expect("the server has a port")).await
-    }
-
-    /// A proxy to 127.0.0.1:`upstream`.
-    pub async fn start_to(upstream: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let cut = Arc::new(AtomicBool::new(false));
@@ -146,18 +129,6 @@ impl Proxy {
         let yaml = serde_saphyr::to_string(&kc).expect("serialize kubeconfig");
         std::fs::write(dest, yaml).expect("write kubeconfig");
         dest.to_path_buf()
-    }
-
-    /// A copy of `kubeconfig` that goes through this proxy, in a fresh temporary file.
-    pub fn through(&self, kubeconfig: &Path) -> PathBuf {
-        self.rewrite(
-            kubeconfig,
-            &std::env::temp_dir().join(format!(
-                "kubeconfig-proxy-{}-{:08x}",
-                self.port,
-                rand::random::<u32>()
-            )),
-        )
     }
 
     /// An admin client (no read timeout, as holders use) that goes through this proxy.

@@ -219,11 +219,12 @@ impl Cluster {
         };
         cluster.observe();
         for i in 0..2 {
-            let proxy = Proxy::for_kubeconfig(&cp.kubeconfig).await;
+            let name = format!("op-{i}");
+            let proxy = Proxy::start(&cluster.ns).await;
             let replica = Arc::new(Replica {
-                name: format!("op-{i}"),
+                kubeconfig: proxy.kubeconfig(&cluster.ns, &name),
+                name,
                 binary: cluster.operator.clone(),
-                kubeconfig: proxy.through(&cp.kubeconfig),
                 proxy,
                 log: run_dir.join(format!("op-{i}.log")),
                 namespace: cluster.ns.name.clone(),
@@ -240,18 +241,20 @@ impl Cluster {
                 .chain((0..CLI_HOLDERS).map(|_| Kind::Cli));
             for kind in slots {
                 let n = cluster.slots.len();
+                let name = match kind {
+                    Kind::Library => format!("holder-{n}"),
+                    Kind::Cli => format!("cli-{n}"),
+                };
                 let proxy = match kind {
-                    Kind::Library => Some(Proxy::for_kubeconfig(&cp.kubeconfig).await),
+                    Kind::Library => Some(Proxy::start(&cluster.ns).await),
                     Kind::Cli => None,
                 };
-                let kubeconfig = proxy
-                    .as_ref()
-                    .map_or_else(|| cp.kubeconfig.clone(), |p| p.through(&cp.kubeconfig));
+                let kubeconfig = proxy.as_ref().map_or_else(
+                    || cp.kubeconfig.clone(),
+                    |p| p.kubeconfig(&cluster.ns, &name),
+                );
                 let slot = Arc::new(Slot {
-                    name: match kind {
-                        Kind::Library => format!("holder-{n}"),
-                        Kind::Cli => format!("cli-{n}"),
-                    },
+                    name,
                     lease: lease.into(),
                     kind,
                     current: std::sync::Mutex::new(None),
