@@ -191,14 +191,11 @@ async fn finalize(
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");
     }
-    if let Some(left) = holders_may_believe(ctx, lease, &status, ns, name, Instant::now()) {
+    if let Some(left) = holders_may_believe(ctx, lease, &status, ns, name).await? {
         info!(lease = %name, namespace = %ns, wait_ms = left.as_millis() as u64, "lease deleted; its name is kept until its last holder's term has run out");
         return Ok(Action::requeue(left));
     }
     high_water::remove_finalizer(ctx, api, lease).await?;
-    if let Some(holder) = &status.holder {
-        ctx.heartbeats.forget(&holder.claim_uid);
-    }
     ctx.metrics.forget_lease(ns, name);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
@@ -213,33 +210,42 @@ async fn finalize(
 /// every claim of the lease that was granted (`Granted` or `Revoked`, still present). As for
 /// an expiry (I9), the holder's deadline counts from the send time of its last accepted renew,
 /// which came before the operator saw it; a `Revoked` claim's heartbeat is frozen by the CRD.
-/// A claim deleted by its holder ends the wait at once.
-fn holders_may_believe(
+/// A claim deleted by its holder ends the wait at once (as a release does). The holder the
+/// status names is read from the API when the cache does not have its claim (not yet, or no
+/// longer), so that neither a lagging cache nor a claim that is gone decides.
+async fn holders_may_believe(
     ctx: &Context,
     lease: &FencedLease,
     status: &FencedLeaseStatus,
     ns: &str,
     name: &str,
-    now: Instant,
-) -> Option<Duration> {
+) -> Result<Option<Duration>> {
     let lease_term = seconds(lease.spec.lease_duration_seconds).max(
         status
             .lease_duration_seconds
             .map_or(Duration::ZERO, seconds),
     );
-    let cached = claims_of(ctx, ns, name);
-    // The holder the status names, even if the cache has not (or no longer) heard of its
-    // claim: a term from when this operator first looked, a fixed instant, so that a status
-    // that keeps naming a claim that is gone cannot keep the lease forever.
-    let named = status.holder.as_ref().map(|h| h.claim_uid.as_str());
-    let mut until = named
-        .filter(|uid| {
-            !cached
-                .iter()
-                .any(|c| c.metadata.uid.as_deref() == Some(uid))
-        })
-        .map(|uid| ctx.heartbeats.last_change(uid, now) + lease_term);
-    for claim in &cached {
+    let mut claims = claims_of(ctx, ns, name);
+    if let Some(holder) = &status.holder
+        && !claims
+            .iter()
+            .any(|c| c.metadata.uid.as_deref() == Some(holder.claim_uid.as_str()))
+    {
+        let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
+        let read = timed(
+            "read holder claim of a deleted lease",
+            ctx.api_timeout,
+            api.get_opt(&holder.claim),
+        )
+        .await?;
+        claims.extend(
+            read.filter(|c| c.metadata.uid.as_deref() == Some(holder.claim_uid.as_str()))
+                .map(Arc::new),
+        );
+    }
+    let now = Instant::now();
+    let mut until: Option<Instant> = None;
+    for claim in &claims {
         let granted = claim
             .status
             .as_ref()
@@ -258,9 +264,9 @@ fn holders_may_believe(
         let end = ctx.heartbeats.last_change(uid, now) + term;
         until = until.max(Some(end));
     }
-    until
+    Ok(until
         .filter(|t| *t > now)
-        .map(|t| t.saturating_duration_since(now))
+        .map(|t| t.saturating_duration_since(now)))
 }
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the
