@@ -79,8 +79,18 @@ async fn lease_token(ns: &TestNamespace, lease: &str) -> i64 {
         .fencing_token
 }
 
-/// `Granted` Events on leases: (lease, token) in the order they were issued.
-async fn granted_events(ns: &TestNamespace) -> Vec<(String, i64)> {
+/// `Granted` Events on leases: (lease, token) in the order they were issued,
+/// once there are at least `expected` of them. The operator posts Events from a
+/// queue after the grant is written, so they may trail the status by a moment.
+async fn granted_events(ns: &TestNamespace, expected: usize) -> Vec<(String, i64)> {
+    wait_for(&format!("{expected} Granted Events"), WAIT, || async {
+        let grants = listed_grants(ns).await;
+        (grants.len() >= expected).then_some(grants)
+    })
+    .await
+}
+
+async fn listed_grants(ns: &TestNamespace) -> Vec<(String, i64)> {
     let events: Api<Event> = ns.api();
     let mut grants: Vec<(String, i64, String)> = events
         .list(&ListParams::default())
@@ -155,7 +165,7 @@ async fn i1_i4_first_claim_is_granted_second_waits_and_is_handed_the_lease_on_re
         "handed over after {handover:?}, not at once"
     );
 
-    let grants = granted_events(&ns).await;
+    let grants = granted_events(&ns, 2).await;
     assert_eq!(
         grants,
         [("db".to_string(), first), ("db".to_string(), token)]
@@ -230,6 +240,9 @@ async fn i1_operator_killed_after_a_grant_issues_no_token_twice_and_expires_no_o
     ns.create_claim("b", "l", None).await;
     let _b_beats = ns.keep_beating("b", Duration::from_millis(500));
     let first = wait_granted(&ns, "a", WAIT).await;
+    // Killed once the grant is announced: an Event still queued would die with
+    // the process, and the Events are how this test counts issues.
+    assert_eq!(granted_events(&ns, 1).await, [("l".to_string(), first)]);
     op.kill();
     op.restart();
     let restarted = Instant::now();
@@ -246,7 +259,7 @@ async fn i1_operator_killed_after_a_grant_issues_no_token_twice_and_expires_no_o
     }
     let second = wait_granted(&ns, "b", WAIT).await;
     assert!(second > first);
-    let grants = granted_events(&ns).await;
+    let grants = granted_events(&ns, 2).await;
     assert_eq!(
         grants,
         [("l".to_string(), first), ("l".to_string(), second)],
@@ -364,7 +377,7 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
         );
         claim_sets.insert(lease.to_string(), distinct);
     }
-    let grants = granted_events(&ns).await;
+    let grants = granted_events(&ns, leases.len() * 2 * usize::try_from(ROUNDS).unwrap()).await;
     for lease in leases {
         let tokens: Vec<i64> = grants
             .iter()
@@ -561,17 +574,21 @@ async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_wor
     ns.create_claim("fresh", "real", None).await;
     assert_eq!(wait_granted(&ns, "fresh", WAIT).await, FORGED + 1);
 
-    let events: Vec<String> = ns
-        .api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    assert!(events.iter().any(|r| r == "LeaseNotFound"), "{events:?}");
-    assert!(events.iter().any(|r| r == "PodNotFound"), "{events:?}");
+    // Events are posted from a queue, so they may trail what they report.
+    wait_for("LeaseNotFound and PodNotFound Events", WAIT, || async {
+        let reasons: Vec<String> = ns
+            .api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        (reasons.iter().any(|r| r == "LeaseNotFound") && reasons.iter().any(|r| r == "PodNotFound"))
+            .then_some(())
+    })
+    .await;
     assert!(
         !op.log_text().contains("panicked"),
         "the operator panicked:\n{}",

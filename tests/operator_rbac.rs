@@ -156,18 +156,16 @@ async fn operator_works_with_only_its_documented_role() {
         Some(second.to_string().as_str())
     );
 
-    let events = ns
-        .api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    assert!(
+    // Events are published (from a queue, so they may trail the grant).
+    wait_for("a Granted Event", WAIT, || async {
+        let events = ns.api::<Event>().list(&ListParams::default()).await.ok()?;
         events
+            .items
             .iter()
-            .any(|e| e.reason.as_deref() == Some("Granted")),
-        "Events are published"
-    );
+            .any(|e| e.reason.as_deref() == Some("Granted"))
+            .then_some(())
+    })
+    .await;
     let log = op.log_text();
     assert!(
         !log.contains("Forbidden") && !log.contains("forbidden"),
