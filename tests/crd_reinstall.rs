@@ -45,6 +45,13 @@ async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
         assert!(token > last, "{token} after {last}");
         last = token;
     }
+    // One still held when the CRDs go: its claim goes with the claims' CRD, and the lease's
+    // finalizer, reading the holder's claim back, meets the resource's own 404. (It waited on
+    // that read for good, so the leases' CRD never went.)
+    ns.create_claim("held", "l", None).await;
+    let held = wait_for("held granted", WAIT, || ns.granted_token("held")).await;
+    assert!(held > last, "{held} after {last}");
+    last = held;
 
     let cp = control_plane();
     let out = cp

@@ -232,12 +232,19 @@ async fn holders_may_believe(
             .any(|c| c.metadata.uid.as_deref() == Some(holder.claim_uid.as_str()))
     {
         let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
-        let read = timed(
+        let read = match timed(
             "read holder claim of a deleted lease",
             ctx.api_timeout,
             api.get_opt(&holder.claim),
         )
-        .await?;
+        .await
+        {
+            Ok(read) => read,
+            // Not a claim's NotFound but the resource's own 404: the claims' CRD is gone, and
+            // every claim with it. Gone, as above: otherwise the leases' CRD can never go.
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e),
+        };
         claims.extend(
             read.filter(|c| c.metadata.uid.as_deref() == Some(holder.claim_uid.as_str()))
                 .map(Arc::new),

@@ -249,9 +249,28 @@ pub async fn run(
     // changes, and a deleted claim or pod is exactly what must hand a lease over at once).
     let heartbeats = Arc::new(Heartbeats::default());
     let (claim_store, claim_writer) = reflector::store_shared::<FencedLeaseClaim>(SHARED_BUFFER);
+    // The claim reconciler acts only on a claim whose lease the cache lacks; the others are
+    // dropped here rather than queued (the store hands out every claim after each list, and
+    // each heartbeat is a change: 10,000 of them queued at once held ~6 MiB of scheduler
+    // slots after a start over 10,000 leases). Until the leases are listed, every claim passes.
     let claim_events = claim_writer
         .subscribe()
-        .expect("a shared store hands out subscriptions");
+        .expect("a shared store hands out subscriptions")
+        .filter({
+            let leases = lease_store.clone();
+            move |claim| {
+                let leases = leases.clone();
+                let lease = claim
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .map(|ns| ObjectRef::<FencedLease>::new(&claim.spec.lease_name).within(ns));
+                async move {
+                    let listed = leases.wait_until_ready().await.is_ok();
+                    !listed || lease.is_none_or(|lease| leases.get(&lease).is_none())
+                }
+            }
+        });
     let observer = heartbeats.clone();
     let on_error = heartbeats.clone();
     let claims_by_lease = Arc::new(Index::default());
