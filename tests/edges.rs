@@ -1,6 +1,7 @@
 //! Promises at the edges, each as a user would break them:
 //! - I1: a token is never issued twice when the operator's token record is deleted, damaged
 //!   or left behind in another namespace, or the finalizer is stripped while it is down;
+//!   hundreds of leases deleted at once all get their record, at once;
 //! - I10: lowering a held lease's duration does not cut the running term short;
 //! - I5: a pod replaced under the same name inherits neither the hold nor the token;
 //! - I7: another ServiceAccount with the same holder Role cannot renew or release a claim
@@ -14,6 +15,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
 use fenced_lease::holder::{AcquireOptions, acquire};
+use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, ServiceAccount};
 use kube::Client;
@@ -150,6 +152,93 @@ async fn i1_a_damaged_token_record_stops_grants_until_repaired() {
     })
     .await;
     assert_eq!(token, RECORDED + 1, "the repaired record is a floor");
+}
+
+#[tokio::test]
+async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_contention() {
+    const LEASES: usize = 300;
+    const BASE: i64 = 1 << 58; // above the wall clock in ms: only the record can carry it
+    let ns = TestNamespace::new("mass-delete").await;
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let leases: Api<FencedLease> = ns.api();
+    futures::stream::iter(0..LEASES)
+        .for_each_concurrent(16, |i| {
+            let leases = leases.clone();
+            async move {
+                let lease: FencedLease = serde_json::from_value(json!({
+                    "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+                    "metadata": {"name": format!("l-{i}")},
+                    "spec": {"leaseDurationSeconds": 15, "minToken": BASE + i as i64},
+                }))
+                .unwrap();
+                leases.create(&PostParams::default(), &lease).await.unwrap();
+            }
+        })
+        .await;
+    wait_for("every lease to carry the finalizer", WAIT, || async {
+        let list = leases.list(&ListParams::default()).await.ok()?;
+        (list.items.len() == LEASES
+            && list.items.iter().all(|l| {
+                l.metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == "fencing.dev/token-high-water-mark")
+            }))
+        .then_some(())
+    })
+    .await;
+
+    // All at once, as deleting their namespace does: every finalizer records into the one
+    // ConfigMap of the namespace.
+    let deleted = Instant::now();
+    leases
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "every lease to be gone",
+        Duration::from_secs(60),
+        || async {
+            leases
+                .list(&ListParams::default())
+                .await
+                .ok()
+                .filter(|l| l.items.is_empty())
+        },
+    )
+    .await;
+    let took = deleted.elapsed();
+
+    let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    let records = cms
+        .get(&format!("fenced-lease-tokens.{}", ns.name))
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default();
+    for i in 0..LEASES {
+        assert_eq!(
+            records.get(&format!("l-{i}")),
+            Some(&(BASE + i as i64).to_string()),
+            "the record of l-{i}"
+        );
+    }
+    let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
+        .await
+        .unwrap();
+    let contended: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("fenced_lease_reconcile_errors_total") && l.contains("contended"))
+        .collect();
+    assert!(
+        contended.is_empty(),
+        "{LEASES} deletions raced on the record (gone after {took:?}): {contended:?}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "{LEASES} leases took {took:?} to go"
+    );
 }
 
 #[tokio::test]

@@ -51,6 +51,8 @@ pub struct Context {
     pub swept: super::sweep::Swept,
     /// The operator's admission policy bindings (leases with `spec.fenceObjects`).
     pub fence_bindings: super::fence_binding::FenceBindings,
+    /// Token records waiting to be written, one write per ConfigMap at a time.
+    pub records: super::high_water::Records,
 }
 
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.

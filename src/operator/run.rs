@@ -372,6 +372,7 @@ pub async fn run(
         pods_by_lease: pods_by_lease.clone(),
         written,
         swept: Default::default(),
+        records: Default::default(),
         fence_bindings: super::fence_binding::FenceBindings::start(
             client.clone(),
             ns.clone(),
