@@ -227,13 +227,14 @@ async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_c
     let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
         .await
         .unwrap();
-    let contended: Vec<&str> = metrics
+    // Neither racing each other on the record, nor tripping over their own status write.
+    let failed: Vec<&str> = metrics
         .lines()
-        .filter(|l| l.starts_with("fenced_lease_reconcile_errors_total") && l.contains("contended"))
+        .filter(|l| l.starts_with("fenced_lease_reconcile_errors_total"))
         .collect();
     assert!(
-        contended.is_empty(),
-        "{LEASES} deletions raced on the record (gone after {took:?}): {contended:?}"
+        failed.is_empty(),
+        "{LEASES} deletions failed reconciles (gone after {took:?}): {failed:?}"
     );
     assert!(
         took < Duration::from_secs(20),

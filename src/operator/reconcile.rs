@@ -175,6 +175,9 @@ async fn finalize(
     let last = status.fencing_token.max(lease.spec.min_token);
     high_water::record(ctx, ns, name, last).await?;
 
+    // The finalizer is removed with the resourceVersion of the last write (the revoking status
+    // write, if any): the one read would always meet a 409, and a retry after backoff.
+    let mut latest: Option<FencedLease> = None;
     let revoked = async {
         if let Outcome::Written(outcome) =
             write_lease_status(ctx, api, lease.clone(), ns, name).await?
@@ -182,6 +185,7 @@ async fn finalize(
             let (before, written, plan, fresh) = *outcome;
             report_transitions(ctx, &written, &before, &plan, ns, name);
             let status = written.status.clone().unwrap_or_default();
+            latest = Some(written);
             repair_claims(ctx, &status, &plan, &fresh, ns, name).await?;
         }
         pods::repair_annotations(ctx, lease, ns, name).await?;
@@ -195,7 +199,7 @@ async fn finalize(
         info!(lease = %name, namespace = %ns, wait_ms = left.as_millis() as u64, "lease deleted; its name is kept until its last holder's term has run out");
         return Ok(Action::requeue(left));
     }
-    high_water::remove_finalizer(ctx, api, lease).await?;
+    high_water::remove_finalizer(ctx, api, latest.as_ref().unwrap_or(lease)).await?;
     ctx.metrics.forget_lease(ns, name);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
