@@ -209,7 +209,10 @@ async fn ctrl_z_stops_cmd_and_kubectl_fence_and_fg_continues_both() {
     let mut run = fence(&ns)
         .args(["run", "db", "--wait", "30s", "--"])
         .args([
-            "sh",
+            // bash, not dash: dash vforks `sleep` with every signal blocked, and a SIGTSTP
+            // landing in that window stops the child before its exec while dash waits on it,
+            // never stopped itself (seen 1 run in 8 under load; the same in any job control).
+            "bash",
             "-c",
             &format!(
                 "echo $$ > {}; while :; do echo tick >> {}; sleep 0.05; done",
@@ -251,6 +254,7 @@ async fn on_a_terminal_cmd_gets_it_and_ctrl_z_and_ctrl_c_work() {
     let pidfile = scratch(&ns, "cmd.pid");
     let fence_pidfile = scratch(&ns, "fence.pid");
     let ticks = scratch(&ns, "ticks");
+    // bash, not dash: see ctrl_z_stops_cmd_and_kubectl_fence_and_fg_continues_both.
     let cmd = format!(
         "printf 'continue? '; read reply; echo \"$reply\" > {answer}; echo $$ > {pid}; while :; do echo tick >> {ticks}; sleep 0.05; done",
         answer = answer.display(),
@@ -258,7 +262,7 @@ async fn on_a_terminal_cmd_gets_it_and_ctrl_z_and_ctrl_c_work() {
         ticks = ticks.display()
     );
     let fence_cmd = format!(
-        "echo $$ > {fence_pid}; exec {bin} --kubeconfig {kc} -n {ns} run db --wait 30s -- sh -c {cmd}",
+        "echo $$ > {fence_pid}; exec {bin} --kubeconfig {kc} -n {ns} run db --wait 30s -- bash -c {cmd}",
         fence_pid = fence_pidfile.display(),
         bin = env!("CARGO_BIN_EXE_kubectl-fence"),
         kc = ns.admin_kubeconfig().display(),
