@@ -2,7 +2,7 @@
 //! and the two controllers. FencedLease is the primary object; claims and pods feed it.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
@@ -225,6 +225,8 @@ pub async fn run(
             }
         }
     };
+    // Set once the leases have been listed (the lease cache is ready).
+    let leases_listed = Arc::new(AtomicBool::new(false));
     let leases =
         decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
             .modify(prune)
@@ -232,6 +234,7 @@ pub async fn run(
             .inspect_ok(gone_leases)
             .inspect_ok({
                 let (triggers, sweeps) = (lease_triggers.clone(), sweep_requests.clone());
+                let listed = leases_listed.clone();
                 move |event| match event {
                     // A change: reconcile that lease now.
                     watcher::Event::Apply(lease) => {
@@ -239,6 +242,7 @@ pub async fn run(
                     }
                     // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
                     watcher::Event::InitDone => {
+                        listed.store(true, Ordering::Release);
                         let _ = sweeps.try_send(());
                     }
                     _ => {}
@@ -253,22 +257,24 @@ pub async fn run(
     // dropped here rather than queued (the store hands out every claim after each list, and
     // each heartbeat is a change: 10,000 of them queued at once held ~6 MiB of scheduler
     // slots after a start over 10,000 leases). Until the leases are listed, every claim passes.
+    // Never waited on: this stream holding back would hold back the claim cache itself (the
+    // store waits for its slowest subscriber), and `Store::wait_until_ready` wakes only the
+    // last of several tasks waiting on it.
     let claim_events = claim_writer
         .subscribe()
         .expect("a shared store hands out subscriptions")
         .filter({
-            let leases = lease_store.clone();
+            let (leases, listed) = (lease_store.clone(), leases_listed.clone());
             move |claim| {
-                let leases = leases.clone();
                 let lease = claim
                     .metadata
                     .namespace
                     .as_deref()
                     .map(|ns| ObjectRef::<FencedLease>::new(&claim.spec.lease_name).within(ns));
-                async move {
-                    let listed = leases.wait_until_ready().await.is_ok();
-                    !listed || lease.is_none_or(|lease| leases.get(&lease).is_none())
-                }
+                future::ready(
+                    !listed.load(Ordering::Acquire)
+                        || lease.is_none_or(|lease| leases.get(&lease).is_none()),
+                )
             }
         });
     let observer = heartbeats.clone();
