@@ -183,7 +183,7 @@ async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_c
                     .finalizers
                     .iter()
                     .flatten()
-                    .any(|f| f == "fencing.dev/token-high-water-mark")
+                    .any(|f| f == fenced_lease::operator::high_water::FINALIZER)
             }))
         .then_some(())
     })

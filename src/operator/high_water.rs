@@ -163,24 +163,18 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
     let mut batch = std::mem::take(&mut *locked(&queue.queued));
     raise(&mut batch, name, token);
     match write_records(ctx, ns, &batch).await {
-        Ok(damaged) => {
+        Ok(mut damaged) => {
             {
                 let mut written = locked(&queue.written);
                 for (lease, t) in &batch {
-                    if lease != name && !damaged.contains(lease) {
+                    if lease != name && !damaged.contains_key(lease) {
                         raise(&mut written, lease, *t);
                     }
                 }
             }
             // A damaged record is its own lease's error (its caller finds it, not written,
             // and meets it on its own turn); the others are written.
-            if damaged.iter().any(|lease| lease == name) {
-                write_records(ctx, ns, &BTreeMap::from([(name.to_string(), token)]))
-                    .await
-                    .map(drop)
-            } else {
-                Ok(())
-            }
+            damaged.remove(name).map_or(Ok(()), Err)
         }
         Err(e) => {
             let mut queued = locked(&queue.queued);
@@ -195,13 +189,12 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
 }
 
 /// Writes `batch` into the ConfigMap of namespace `ns` in one update; the leases whose
-/// record is damaged are left as they are and returned. For a batch of one, a damaged
-/// record is the error.
+/// record is damaged are left as they are and returned, each with its error.
 async fn write_records(
     ctx: &Context,
     ns: &str,
     batch: &BTreeMap<String, i64>,
-) -> Result<Vec<String>> {
+) -> Result<BTreeMap<String, Error>> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.state_namespace);
     let cm_name = config_map_name(ns);
     for _ in 0..10 {
@@ -232,17 +225,14 @@ async fn write_records(
                     api.create(&PostParams::default(), &cm),
                 )
                 .await;
-                (created.map(drop), vec![])
+                (created.map(drop), BTreeMap::new())
             }
             Some(mut cm) => {
-                let mut damaged = vec![];
+                let mut damaged = BTreeMap::new();
                 let mut data = cm.data.clone().unwrap_or_default();
                 for (lease, token) in batch {
                     if let Err(e) = record_of(&cm, lease) {
-                        if batch.len() == 1 {
-                            return Err(e);
-                        }
-                        damaged.push(lease.clone());
+                        damaged.insert(lease.clone(), e);
                         continue;
                     }
                     if let Some(next) = raised(&data, lease, *token, now_ms) {
