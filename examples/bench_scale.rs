@@ -29,6 +29,7 @@ use clap::Parser;
 use common::*;
 use fenced_lease::api::{FencedLease, FencedLeaseClaim};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -76,6 +77,11 @@ struct Args {
     /// Leave the namespaces in place (for a look at them afterwards).
     #[arg(long)]
     keep: bool,
+    /// Give every claim a pod of its own, created with the leases (a Deployment's labels; no
+    /// kubelet runs them), and have the leases annotate their holder's pod, as for holders
+    /// in pods: the operator then caches N pods too and writes each holder's token annotation.
+    #[arg(long)]
+    pods: bool,
     /// Instead: create each lease and then its claim, one after the other, while the
     /// operator runs (as a growing user does); only the grants and memory are measured.
     #[arg(long)]
@@ -156,22 +162,54 @@ async fn measure(
     if args.live {
         return live(client, args, results, n, run, ns, &names).await;
     }
+    let took_pods = if args.pods {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        create_all(
+            &pods,
+            names.iter().map(|l| pod(&format!("p-{l}"))).collect(),
+            args.concurrency,
+        )
+        .await?
+    } else {
+        Duration::ZERO
+    };
     let took = create_all(
         &leases,
-        names.iter().map(|l| lease(l, 3600)).collect(),
+        names
+            .iter()
+            .map(|l| {
+                let mut lease = lease(l, 3600);
+                lease.spec.annotate_holder_pod = args.pods;
+                lease
+            })
+            .collect(),
         args.concurrency,
     )
     .await?;
     let took_claims = create_all(
         &claims,
-        names.iter().map(|l| claim(&format!("c-{l}"), l)).collect(),
+        names
+            .iter()
+            .map(|l| {
+                let mut claim = claim(&format!("c-{l}"), l);
+                claim.spec.pod_name = args.pods.then(|| format!("p-{l}"));
+                claim
+            })
+            .collect(),
         args.concurrency,
     )
     .await?;
-    let create_rate = (2 * n) as f64 / (took + took_claims).as_secs_f64();
+    let objects = if args.pods { 3 * n } else { 2 * n };
+    let took_all = took + took_claims + took_pods;
+    let create_rate = objects as f64 / took_all.as_secs_f64();
     println!(
-        "created {n} leases and {n} claims in {:.1} s ({create_rate:.0} creates/s, {} in flight), no operator running",
-        (took + took_claims).as_secs_f64(),
+        "created {n} leases, {n} claims{} in {:.1} s ({create_rate:.0} creates/s, {} in flight), no operator running",
+        if args.pods {
+            format!(" and {n} pods")
+        } else {
+            String::new()
+        },
+        took_all.as_secs_f64(),
         args.concurrency
     );
 
@@ -622,4 +660,18 @@ async fn live(
     println!("{}", operator.log_summary());
     operator.stop();
     Ok(())
+}
+
+/// A pod with a Deployment's labels and an annotation, never run here. No owner reference:
+/// the garbage collector would delete a pod whose owner does not exist.
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": {"app": "bench-holder", "pod-template-hash": "5d9f7c8b6"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T00:00:00Z"}
+        },
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .expect("a valid Pod")
 }

@@ -36,27 +36,69 @@ async fn serves_health_and_metrics_and_stops_gracefully_on_sigterm() {
     })
     .await;
 
+    // A lease with the user's own labels and annotations: the operator caches leases without
+    // them, and its status writes must not take them away.
+    let out = ns.kubectl_apply(
+        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: l\n  labels:\n    team: payments\n  annotations:\n    owner: alice\nspec:\n  leaseDurationSeconds: 15\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     create(&ns, "l", "c").await;
     wait_for("the grant", WAIT, || ns.granted_token("c")).await;
-    let expected = format!(
-        r#"fenced_lease_transitions_total{{namespace="{}",lease="l",transition="Granted"}} 1"#,
-        ns.name
-    );
+    let granted = [
+        format!(
+            r#"fenced_lease_transitions_total{{namespace="{}",lease="l",transition="Granted"}} 1"#,
+            ns.name
+        ),
+        format!(
+            r#"fenced_lease_holders{{namespace="{}",lease="l"}} 1"#,
+            ns.name
+        ),
+    ];
     let metrics = wait_for("the grant in /metrics", WAIT, || async {
         let (_, body) = http_get(port, "/metrics").await?;
-        body.contains(&expected).then_some(body)
+        granted.iter().all(|m| body.contains(m)).then_some(body)
     })
     .await;
     assert!(
         metrics.contains("fenced_lease_reconcile_duration_seconds_count"),
         "{metrics}"
     );
-    assert!(
-        metrics.contains(&format!(
-            r#"fenced_lease_holders{{namespace="{}",lease="l"}} 1"#,
-            ns.name
-        )),
-        "{metrics}"
+    // A second claim waits: the gauge follows the lease's status.
+    ns.create_claim("c2", "l", None).await;
+    let waiting = format!(
+        r#"fenced_lease_waiting_claims{{namespace="{}",lease="l"}} 1"#,
+        ns.name
+    );
+    wait_for("the waiting claim in /metrics", WAIT, || async {
+        let (_, body) = http_get(port, "/metrics").await?;
+        body.contains(&waiting).then_some(())
+    })
+    .await;
+    let lease = ns.api::<FencedLease>().get("l").await.unwrap();
+    assert_eq!(lease.status.as_ref().map(|s| s.waiting), Some(1));
+    assert_eq!(
+        lease
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("team")
+            .map(String::as_str),
+        Some("payments"),
+        "the lease's labels after two status writes"
+    );
+    assert_eq!(
+        lease
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("owner")
+            .map(String::as_str),
+        Some("alice"),
+        "the lease's annotations after two status writes"
     );
 
     let status = op

@@ -4,11 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::backoff::Failures;
 use super::error::truncate;
@@ -16,6 +15,7 @@ use super::events::Events;
 use super::heartbeat::Heartbeats;
 use super::index::Index;
 use super::metrics::Metrics;
+use super::pods::CachedPod;
 use crate::api::{FencedLease, FencedLeaseClaim};
 
 /// What every reconcile needs.
@@ -23,8 +23,8 @@ pub struct Context {
     pub client: Client,
     pub leases: Store<FencedLease>,
     pub claims: Store<FencedLeaseClaim>,
-    /// Pod metadata only: existence and annotations are all the operator reads of pods.
-    pub pods: Store<PartialObjectMeta<Pod>>,
+    /// Pods as [`CachedPod`]: existence, UID and token annotations are all the operator reads.
+    pub pods: Store<CachedPod>,
     pub heartbeats: Arc<Heartbeats>,
     /// Events are queued here and published in the background, never awaited.
     pub events: Events,
@@ -109,5 +109,16 @@ impl Context {
             secondary: related,
         };
         self.events.publish(on, event);
+    }
+}
+
+/// The key a lease is queued and scheduled under: its namespace and name only. Not
+/// `ObjectRef::from_obj`, which also copies its UID and resourceVersion, two more strings in
+/// each of the controller's 10,000 timers (the key's equality ignores them anyway).
+pub fn lease_key(lease: &FencedLease) -> ObjectRef<FencedLease> {
+    let key = ObjectRef::new(lease.metadata.name.as_deref().unwrap_or_default());
+    match lease.metadata.namespace.as_deref() {
+        Some(ns) => key.within(ns),
+        None => key,
     }
 }

@@ -1,11 +1,21 @@
 //! Prometheus metrics of the operator, served on `/metrics`.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use std::sync::{Arc, RwLock};
+
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
+};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::api::FencedLease;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
@@ -42,10 +52,8 @@ pub struct Metrics {
     pub conflicts: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Histogram,
-    /// 1 while the lease has a holder.
-    pub holders: Family<LeaseLabels, Gauge>,
-    /// Claims waiting for the lease.
-    pub waiting: Family<LeaseLabels, Gauge>,
+    /// The per-lease gauges (holder, waiting claims), read from the lease cache at each scrape.
+    pub leases: LeaseGauges,
     /// Events put on the publishing queue.
     pub events_queued: Counter,
     /// Events dropped because the publishing queue was full (never waited for).
@@ -81,14 +89,8 @@ impl Default for Metrics {
             "Time spent in one reconcile",
             reconcile_duration.clone(),
         );
-        let holders = Family::<LeaseLabels, Gauge>::default();
-        registry.register("holders", "1 while the lease has a holder", holders.clone());
-        let waiting = Family::<LeaseLabels, Gauge>::default();
-        registry.register(
-            "waiting_claims",
-            "Claims waiting for the lease",
-            waiting.clone(),
-        );
+        let leases = LeaseGauges::default();
+        registry.register_collector(Box::new(leases.clone()));
         let events_queued = Counter::default();
         registry.register(
             "events_queued",
@@ -116,8 +118,7 @@ impl Default for Metrics {
             conflicts,
             reconcile_errors,
             reconcile_duration,
-            holders,
-            waiting,
+            leases,
         }
     }
 }
@@ -132,22 +133,7 @@ impl Metrics {
         self.transitions.get_or_create(&labels).inc();
     }
 
-    pub fn lease_state(&self, namespace: &str, lease: &str, held: bool, waiting: i64) {
-        let labels = LeaseLabels {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        };
-        self.holders.get_or_create(&labels).set(i64::from(held));
-        self.waiting.get_or_create(&labels).set(waiting);
-    }
-
     pub fn forget_lease(&self, namespace: &str, lease: &str) {
-        let labels = LeaseLabels {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        };
-        self.holders.remove(&labels);
-        self.waiting.remove(&labels);
         for transition in [
             Transition::Granted,
             Transition::Expired,
@@ -179,19 +165,85 @@ impl Metrics {
     }
 }
 
+/// `holders` and `waiting_claims` of every lease in the operator's cache, read from the
+/// leases' statuses when scraped: they cost no memory per lease, and cannot disagree with the
+/// cache (nor outlive a lease). Nothing is reported before the cache exists.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseGauges {
+    cache: Arc<RwLock<Option<Store<FencedLease>>>>,
+}
+
+impl LeaseGauges {
+    /// Reports the leases of `cache` from now on (each run of the controllers has its own).
+    pub fn watch(&self, cache: Store<FencedLease>) {
+        *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Some(cache);
+    }
+}
+
+/// One gauge's value, read from a lease.
+type Reading = fn(&FencedLease) -> i64;
+
+impl Collector for LeaseGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(cache) = self.cache.read().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return Ok(());
+        };
+        let leases = cache.state();
+        let labels = |lease: &FencedLease| LeaseLabels {
+            namespace: lease.namespace().unwrap_or_default(),
+            lease: lease.name_any(),
+        };
+        let gauges: [(&str, &str, Reading); 2] = [
+            ("holders", "1 while the lease has a holder", |l| {
+                l.status
+                    .as_ref()
+                    .map_or(0, |s| i64::from(s.holder.is_some()))
+            }),
+            ("waiting_claims", "Claims waiting for the lease", |l| {
+                l.status.as_ref().map_or(0, |s| i64::from(s.waiting))
+            }),
+        ];
+        for (name, help, value) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for lease in &leases {
+                let labels = labels(lease);
+                ConstGauge::new(value(lease)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::watcher;
 
     #[test]
     fn exposes_transitions_per_lease() {
         let m = Metrics::default();
         m.transition("ns", "db", Transition::Granted);
-        m.lease_state("ns", "db", true, 2);
+        let (cache, mut writer) = kube::runtime::reflector::store::<FencedLease>();
+        let mut lease: FencedLease = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "metadata": {"name": "db", "namespace": "ns"}, "spec": {}
+        }))
+        .unwrap();
+        lease.status = Some(crate::api::FencedLeaseStatus {
+            holder: Some(Default::default()),
+            waiting: 2,
+            ..Default::default()
+        });
+        writer.apply_watcher_event(&watcher::Event::Apply(lease));
+        m.leases.watch(cache);
         let text = m.encode();
         assert!(text.contains(r#"fenced_lease_transitions_total{namespace="ns",lease="db",transition="Granted"} 1"#), "{text}");
         assert!(
             text.contains(r#"fenced_lease_waiting_claims{namespace="ns",lease="db"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"fenced_lease_holders{namespace="ns",lease="db"} 1"#),
             "{text}"
         );
     }

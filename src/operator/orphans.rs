@@ -74,12 +74,7 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> super::error::Result<
     let Some(cached) = ctx.pods.get(&ObjectRef::new(pod).within(ns)) else {
         return Ok(());
     };
-    if !cached
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(&key))
-    {
+    if cached.token(lease).is_none() {
         return Ok(());
     }
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);

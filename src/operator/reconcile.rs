@@ -45,7 +45,7 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
     if result.is_ok() {
         ctx.failures.succeeded(&failure_key(&lease));
     }
-    ctx.swept.finished(&ObjectRef::from_obj(lease.as_ref()));
+    ctx.swept.finished(&super::context::lease_key(&lease));
     result
 }
 
@@ -143,12 +143,6 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // The admission binding that fences the lease's objects, after the grant path so that a
     // failure here never holds up a grant or an expiry.
     super::fence_binding::sync(ctx, &lease).await?;
-    ctx.metrics.lease_state(
-        &ns,
-        &name,
-        status.holder.is_some(),
-        i64::from(status.waiting),
-    );
 
     let idle = ctx.resync_after();
     Ok(Action::requeue(match plan.wake_at {

@@ -1,6 +1,7 @@
 //! Wiring: watches (metadata-only for pods, managedFields pruned everywhere), shared caches,
 //! and the two controllers. FencedLease is the primary object; claims and pods feed it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,10 +27,11 @@ use super::heartbeat::{Heartbeats, beat_of};
 use super::index::Index;
 use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
+use super::pods::{self, CachedPod};
 use super::sweep;
 use super::written::Written;
 use super::{claims, reconcile};
-use crate::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION_PREFIX};
+use crate::api::{FencedLease, FencedLeaseClaim};
 
 /// Settings of one operator run.
 #[derive(Clone, Debug)]
@@ -69,39 +71,41 @@ where
     }
 }
 
-/// Memory stays small with many objects: nothing the operator never reads is cached.
+/// Memory stays small with many objects: nothing the operator never reads is cached. Its
+/// writes never carry these fields back: status writes go to the status subresource (which
+/// keeps the rest of the object as stored), the rest are patches of the fields they set.
 fn prune<K: Resource>(object: &mut K) {
-    object.managed_fields_mut().clear();
-    object
-        .annotations_mut()
-        .remove("kubectl.kubernetes.io/last-applied-configuration");
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.annotations = None;
+    meta.generate_name = None;
+    meta.self_link = None;
 }
 
-/// The leases whose token annotation `pod` carries.
-fn annotated_leases(pod: &PartialObjectMeta<Pod>) -> Vec<String> {
-    pod.metadata
-        .annotations
-        .iter()
-        .flatten()
-        .filter_map(|(key, _)| key.strip_prefix(TOKEN_ANNOTATION_PREFIX)?.strip_prefix('/'))
-        .map(str::to_owned)
-        .collect()
+/// A claim's owners are read only for its pod's UID.
+fn prune_claim(claim: &mut FencedLeaseClaim) {
+    prune(claim);
+    if let Some(owners) = &mut claim.metadata.owner_references {
+        owners.retain(|o| o.kind == "Pod" && o.api_version == "v1");
+    }
+}
+
+fn prune_lease(lease: &mut FencedLease) {
+    prune(lease);
+    lease.metadata.owner_references = None;
 }
 
 /// Leases a pod event concerns: those it carries a token annotation of, and those whose
 /// claims name it (found by index, not by a scan of every claim).
 fn leases_of_pod(
-    pod: &PartialObjectMeta<Pod>,
+    pod: &CachedPod,
     claims: &Store<FencedLeaseClaim>,
     claims_by_pod: &Index,
 ) -> Vec<ObjectRef<FencedLease>> {
-    let (Some(ns), Some(name)) = (
-        pod.metadata.namespace.as_deref(),
-        pod.metadata.name.as_deref(),
-    ) else {
-        return vec![];
-    };
-    let annotated = annotated_leases(pod)
+    let (ns, name) = (pod.namespace.as_str(), pod.name.as_str());
+    let annotated = pod
+        .leases()
         .into_iter()
         .map(|lease| ObjectRef::new(&lease).within(ns));
     let claimed = claims_by_pod
@@ -121,24 +125,42 @@ fn index_event<K>(
     event: &watcher::Event<K>,
     keys: impl Fn(&K) -> Vec<String>,
 ) where
-    K: Resource + Clone + 'static,
+    K: reflector::Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
+    use reflector::Lookup;
+    let id = |o: &K| {
+        (
+            Lookup::namespace(o)
+                .map(Cow::into_owned)
+                .unwrap_or_default(),
+            Lookup::name(o).map(Cow::into_owned).unwrap_or_default(),
+        )
+    };
     match event {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-            index.set(&o.namespace().unwrap_or_default(), &o.name_any(), keys(o));
+            let (ns, name) = id(o);
+            index.set(&ns, &name, keys(o));
         }
         watcher::Event::Delete(o) => {
-            index.remove(&o.namespace().unwrap_or_default(), &o.name_any())
+            let (ns, name) = id(o);
+            index.remove(&ns, &name)
         }
         watcher::Event::InitDone => index.rebuild(store.state().iter().map(|o| {
-            (
-                o.namespace().unwrap_or_default(),
-                o.name_any(),
-                keys(o.as_ref()),
-            )
+            let (ns, name) = id(o);
+            (ns, name, keys(o.as_ref()))
         })),
         watcher::Event::Init => {}
+    }
+}
+
+/// A watch event shows the cache past the operator's own write of an object: its record goes.
+fn caught_up<K: Resource>(written: &Written, event: &watcher::Event<K>) {
+    if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
+        written.seen(
+            o.meta().uid.as_deref(),
+            o.meta().resource_version.as_deref(),
+        );
     }
 }
 
@@ -187,6 +209,7 @@ pub async fn run(
     let unreadable = report_unreadable(events.clone(), metrics.clone());
 
     let (lease_store, lease_writer) = reflector::store_shared::<FencedLease>(SHARED_BUFFER);
+    metrics.leases.watch(lease_store.clone());
     // Every trigger of a lease reconcile goes through this channel: lease changes, claim and
     // pod events, and the sweep of every lease after a (re)list. The shared store's own
     // subscription is not one: it hands out every lease at once after each list.
@@ -198,7 +221,8 @@ pub async fn run(
         .expect("a shared store hands out subscriptions")
         .filter(|_| future::ready(false));
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
-    let (pod_store, pod_writer) = reflector::store_shared::<PartialObjectMeta<Pod>>(SHARED_BUFFER);
+    // Not shared: no controller subscribes to pods; their events become lease triggers here.
+    let (pod_store, pod_writer) = reflector::store::<CachedPod>();
     let pods_by_lease = Arc::new(Index::default());
     let written = Arc::new(Written::default());
     let gone_leases = {
@@ -209,6 +233,7 @@ pub async fn run(
             written.clone(),
         );
         move |event: &watcher::Event<FencedLease>| {
+            caught_up(&written, event);
             if let watcher::Event::Delete(lease) = event {
                 if let Some(uid) = &lease.metadata.uid {
                     written.forget(uid);
@@ -229,7 +254,7 @@ pub async fn run(
     let leases_listed = Arc::new(AtomicBool::new(false));
     let leases =
         decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
-            .modify(prune)
+            .modify(prune_lease)
             .reflect_shared(lease_writer)
             .inspect_ok(gone_leases)
             .inspect_ok({
@@ -238,7 +263,7 @@ pub async fn run(
                 move |event| match event {
                     // A change: reconcile that lease now.
                     watcher::Event::Apply(lease) => {
-                        let _ = triggers.send(ObjectRef::from_obj(lease));
+                        let _ = triggers.send(super::context::lease_key(lease));
                     }
                     // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
                     watcher::Event::InitDone => {
@@ -283,7 +308,7 @@ pub async fn run(
     let claims_by_pod = Arc::new(Index::default());
     let claims_stream =
         decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
-            .modify(prune)
+            .modify(prune_claim)
             .reflect_shared(claim_writer)
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
@@ -294,6 +319,7 @@ pub async fn run(
                 let written = written.clone();
                 move |event| {
                     observe_heartbeats(&observer, event);
+                    caught_up(&written, event);
                     if let watcher::Event::Delete(claim) = event
                         && let Some(uid) = &claim.metadata.uid
                     {
@@ -331,35 +357,43 @@ pub async fn run(
     let lease_triggers_for_sweep = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
+    let pod_writes = written.clone();
     let (by_pod, by_annotation, pod_cache) = (
         claims_by_pod.clone(),
         pods_by_lease.clone(),
         pod_store.clone(),
     );
-    let pods = watcher(api::<PartialObjectMeta<Pod>>(&client, ns), wc)
+    let pod_watch = watcher(api::<PartialObjectMeta<Pod>>(&client, ns), wc)
         .default_backoff()
-        .modify(prune)
-        .reflect_shared(pod_writer)
-        .inspect_ok(move |event| {
-            index_event(&by_annotation, &pod_cache, event, annotated_leases);
-            if matches!(event, watcher::Event::InitDone) {
-                let _ = pod_sweeps.try_send(());
-            }
-            for pod in touched(event) {
-                for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
-                    if leases_for_pods.get(&lease).is_none() && is_annotated(pod, &lease.name) {
-                        let _ = orphan_tx.send(Orphan {
-                            namespace: lease.namespace.clone().unwrap_or_default(),
-                            pod: pod.name_any(),
-                            lease: lease.name.clone(),
-                        });
-                    }
-                    if !is_listed(event) {
-                        let _ = lease_triggers.send(lease);
-                    }
+        .map_ok(pods::slim);
+    let pods = reflector::reflector(pod_writer, pod_watch).inspect_ok(move |event| {
+        if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
+            pod_writes.seen(pod.uid.as_deref(), pod.resource_version.as_deref());
+        }
+        if let watcher::Event::Delete(pod) = event
+            && let Some(uid) = &pod.uid
+        {
+            pod_writes.forget(uid);
+        }
+        index_event(&by_annotation, &pod_cache, event, CachedPod::leases);
+        if matches!(event, watcher::Event::InitDone) {
+            let _ = pod_sweeps.try_send(());
+        }
+        for pod in touched(event) {
+            for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
+                if leases_for_pods.get(&lease).is_none() && pod.token(&lease.name).is_some() {
+                    let _ = orphan_tx.send(Orphan {
+                        namespace: lease.namespace.clone().unwrap_or_default(),
+                        pod: pod.name.clone(),
+                        lease: lease.name.clone(),
+                    });
+                }
+                if !is_listed(event) {
+                    let _ = lease_triggers.send(lease);
                 }
             }
-        });
+        }
+    });
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -607,15 +641,33 @@ fn fingerprint(claim: &FencedLeaseClaim) -> u64 {
     h.finish()
 }
 
-/// Does `pod` carry the token annotation of lease `lease`?
-fn is_annotated(pod: &PartialObjectMeta<Pod>, lease: &str) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(&crate::api::token_annotation_key(lease)))
-}
-
 /// Pods of namespace `ns` carrying the token annotation of lease `lease`, by index.
 fn annotated_pods(pods_by_lease: &Index, ns: &str, lease: &str) -> Vec<String> {
     pods_by_lease.get(ns, lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_claim_keeps_its_pod_owner_only() {
+        let mut claim: FencedLeaseClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "metadata": {
+                "name": "c", "namespace": "ns", "labels": {"a": "b"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "uid": "p"},
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "r"}
+                ]
+            },
+            "spec": {"leaseName": "db", "holderIdentity": "web-0"}
+        }))
+        .unwrap();
+        prune_claim(&mut claim);
+        let owners = claim.metadata.owner_references.unwrap_or_default();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "Pod");
+        assert!(claim.metadata.labels.is_none());
+    }
 }

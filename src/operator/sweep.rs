@@ -84,7 +84,7 @@ pub async fn run(
         let leases: Vec<ObjectRef<FencedLease>> = store
             .state()
             .iter()
-            .map(|l| ObjectRef::from_obj(l.as_ref()))
+            .map(|l| super::context::lease_key(l))
             .collect();
         let total = leases.len();
         let started = Instant::now();

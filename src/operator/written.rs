@@ -49,6 +49,21 @@ impl Written {
         }
     }
 
+    /// The cache now holds version `version` of object `uid` (a watch event): a version not
+    /// written over means the cache caught up, and the record goes, read again or not.
+    pub fn seen(&self, uid: Option<&str>, version: Option<&str>) {
+        let (Some(uid), Some(version)) = (uid, version) else {
+            return;
+        };
+        let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
+        if over
+            .get(uid)
+            .is_some_and(|versions| !versions.iter().any(|v| v == version))
+        {
+            over.remove(uid);
+        }
+    }
+
     /// Forgets object `uid` (deleted).
     pub fn forget(&self, uid: &str) {
         self.over
@@ -95,6 +110,16 @@ mod tests {
         w.wrote("a", Some("5"), Some("5"));
         assert!(!w.is_superseded(Some("a"), Some("5")));
         w.wrote("b", None, Some("5"));
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn a_watch_event_of_a_newer_version_drops_the_record() {
+        let w = Written::default();
+        w.wrote("a", Some("1"), Some("2"));
+        w.seen(Some("a"), Some("1"));
+        assert!(!w.is_empty(), "the event of the version written over");
+        w.seen(Some("a"), Some("2"));
         assert!(w.is_empty());
     }
 
