@@ -45,6 +45,8 @@ pub struct Context {
     pub claims_by_lease: Arc<Index>,
     /// Pods by the leases whose token annotation they carry.
     pub pods_by_lease: Arc<Index>,
+    /// Each lease's next reconcile at the latest (its holder's deadline, or the resync).
+    pub wakeups: Arc<super::wakeups::Wakeups>,
     /// Versions of leases and claims this operator wrote over that its caches still show.
     pub written: Arc<super::written::Written>,
     /// Leases the sweep of every lease has queued that have not started reconciling yet.

@@ -18,6 +18,8 @@ pub fn beat_of(claim: &FencedLeaseClaim) -> Option<String> {
 struct Seen {
     beat: Option<String>,
     changed_at: Instant,
+    /// A hash of the rest of the claim its lease's decision reads (see [`Heartbeats::observe_claim`]).
+    print: Option<u64>,
 }
 
 /// Heartbeat observations, keyed by claim UID.
@@ -29,12 +31,34 @@ pub struct Heartbeats {
 impl Heartbeats {
     /// Records the heartbeat value `beat` of claim `uid`, seen at `now`.
     pub fn observe(&self, uid: &str, beat: Option<&str>, now: Instant) {
+        self.observe_with(uid, beat, None, now);
+    }
+
+    /// Records a watch event of claim `uid`: its heartbeat `beat`, and `print`, a hash of
+    /// everything else of the claim a lease's decision reads. Returns whether that changed
+    /// (or the claim is new): a change of the heartbeat alone needs no reconcile of the lease,
+    /// whose timer already wakes it at the holder's deadline.
+    pub fn observe_claim(&self, uid: &str, beat: Option<&str>, print: u64, now: Instant) -> bool {
+        self.observe_with(uid, beat, Some(print), now)
+    }
+
+    fn observe_with(
+        &self,
+        uid: &str,
+        beat: Option<&str>,
+        print: Option<u64>,
+        now: Instant,
+    ) -> bool {
         let mut seen = self.lock();
         match seen.get_mut(uid) {
-            Some(s) if s.beat.as_deref() == beat => {}
             Some(s) => {
-                s.beat = beat.map(str::to_owned);
-                s.changed_at = now;
+                if s.beat.as_deref() != beat {
+                    s.beat = beat.map(str::to_owned);
+                    s.changed_at = now;
+                }
+                let changed = print.is_some() && s.print != print;
+                s.print = print.or(s.print);
+                changed
             }
             None => {
                 seen.insert(
@@ -42,8 +66,10 @@ impl Heartbeats {
                     Seen {
                         beat: beat.map(str::to_owned),
                         changed_at: now,
+                        print,
                     },
                 );
+                true
             }
         }
     }
@@ -63,6 +89,7 @@ impl Heartbeats {
             .or_insert(Seen {
                 beat: None,
                 changed_at: now,
+                print: None,
             })
             .changed_at
     }
@@ -152,6 +179,32 @@ mod tests {
         assert!(hb.moved_since("b", Some("10:00:00"), t0));
         // Never seen: alive.
         assert!(hb.moved_since("c", None, t0));
+    }
+
+    #[test]
+    fn only_a_change_besides_the_heartbeat_asks_for_a_reconcile() {
+        let hb = Heartbeats::default();
+        let t0 = Instant::now();
+        assert!(
+            hb.observe_claim("a", Some("10:00:00"), 1, t0),
+            "a new claim"
+        );
+        assert!(
+            !hb.observe_claim("a", Some("10:00:05"), 1, t0),
+            "a heartbeat"
+        );
+        assert_eq!(
+            hb.last_change("a", t0 + Duration::from_secs(9)),
+            t0,
+            "same instant passed"
+        );
+        assert!(
+            hb.observe_claim("a", Some("10:00:05"), 2, t0),
+            "its status changed"
+        );
+        // A claim first seen by a lease's reconcile is new to the watch too.
+        hb.last_change("b", t0);
+        assert!(hb.observe_claim("b", None, 7, t0));
     }
 
     #[test]

@@ -38,4 +38,5 @@ pub mod run;
 pub mod status;
 pub mod sweep;
 pub mod token;
+pub mod wakeups;
 pub mod written;

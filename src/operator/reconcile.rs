@@ -144,11 +144,10 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // failure here never holds up a grant or an expiry.
     super::fence_binding::sync(ctx, &lease).await?;
 
-    let idle = ctx.resync_after();
-    Ok(Action::requeue(match plan.wake_at {
-        Some(at) => at.saturating_duration_since(Instant::now()).min(idle),
-        None => idle,
-    }))
+    let idle = Instant::now() + ctx.resync_after();
+    ctx.wakeups
+        .set(&ns, &name, plan.wake_at.map_or(idle, |at| at.min(idle)));
+    Ok(Action::await_change())
 }
 
 /// The deletion path. The last token is recorded first: that alone must succeed before the

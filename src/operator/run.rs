@@ -29,6 +29,7 @@ use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
 use super::pods::{self, CachedPod};
 use super::sweep;
+use super::wakeups::Wakeups;
 use super::written::Written;
 use super::{claims, reconcile};
 use crate::api::{FencedLease, FencedLeaseClaim};
@@ -225,12 +226,14 @@ pub async fn run(
     let (pod_store, pod_writer) = reflector::store::<CachedPod>();
     let pods_by_lease = Arc::new(Index::default());
     let written = Arc::new(Written::default());
+    let wakeups = Arc::new(Wakeups::default());
     let gone_leases = {
-        let (pods, orphan_tx, metrics, written) = (
+        let (pods, orphan_tx, metrics, written, wakeups) = (
             pods_by_lease.clone(),
             orphan_tx.clone(),
             metrics.clone(),
             written.clone(),
+            wakeups.clone(),
         );
         move |event: &watcher::Event<FencedLease>| {
             caught_up(&written, event);
@@ -240,6 +243,7 @@ pub async fn run(
                 }
                 let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
                 metrics.forget_lease(&ns, &name);
+                wakeups.forget(&ns, &name);
                 for pod in annotated_pods(&pods, &ns, &name) {
                     let _ = orphan_tx.send(Orphan {
                         namespace: ns.clone(),
@@ -313,12 +317,11 @@ pub async fn run(
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
                 let claim_sweeps = sweep_requests.clone();
-                let changes = ClaimChanges::default();
                 let (by_lease, by_pod) = (claims_by_lease.clone(), claims_by_pod.clone());
                 let store = claim_store.clone();
                 let written = written.clone();
                 move |event| {
-                    observe_heartbeats(&observer, event);
+                    let changed = observe_heartbeats(&observer, event);
                     caught_up(&written, event);
                     if let watcher::Event::Delete(claim) = event
                         && let Some(uid) = &claim.metadata.uid
@@ -339,7 +342,7 @@ pub async fn run(
                     for claim in touched(event) {
                         // A heartbeat alone only moves the holder's deadline later: the lease's
                         // timer already wakes it then, so it costs no reconcile (and no write).
-                        if !changes.matters(event, claim) || is_listed(event) {
+                        if !changed || is_listed(event) {
                             continue;
                         }
                         if let Some(ns) = claim.metadata.namespace.as_deref() {
@@ -355,6 +358,7 @@ pub async fn run(
     let pod_sweeps = sweep_requests.clone();
     let binding_triggers = lease_triggers.clone();
     let lease_triggers_for_sweep = lease_triggers.clone();
+    let lease_triggers_for_wakeups = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
     let pod_writes = written.clone();
@@ -410,6 +414,7 @@ pub async fn run(
         resync: settings.resync,
         claims_by_lease,
         pods_by_lease: pods_by_lease.clone(),
+        wakeups: wakeups.clone(),
         written,
         swept: Default::default(),
         records: Default::default(),
@@ -427,6 +432,7 @@ pub async fn run(
         drive("fencedleaseclaims", claims_stream, stop.clone()),
         drive("pods", pods, stop.clone()),
         tokio::spawn(orphans::sweep(ctx.clone(), orphan_rx, stop.clone())),
+        tokio::spawn(wakeups.run(lease_triggers_for_wakeups, stop.clone())),
     ];
 
     let sync_ctx = ctx.clone();
@@ -583,45 +589,35 @@ fn tokio_stream_from<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeaseClaim>) {
+/// Records the heartbeats a claim watch event shows; returns whether it changed anything of a
+/// claim besides its heartbeat (a new claim, a deleted one, a status or spec change).
+fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeaseClaim>) -> bool {
     let now = Instant::now();
     tracing::trace!(event = ?std::mem::discriminant(event), "claim event");
     match event {
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
-            if let Some(uid) = &claim.metadata.uid {
-                heartbeats.observe(uid, beat_of(claim).as_deref(), now);
+            match &claim.metadata.uid {
+                Some(uid) => heartbeats.observe_claim(
+                    uid,
+                    beat_of(claim).as_deref(),
+                    fingerprint(claim),
+                    now,
+                ),
+                None => true,
             }
         }
         // A relist: heartbeats may have been missed while the watch was down.
-        watcher::Event::Init => heartbeats.restart_all(now),
+        watcher::Event::Init => {
+            heartbeats.restart_all(now);
+            false
+        }
         watcher::Event::Delete(claim) => {
             if let Some(uid) = &claim.metadata.uid {
                 heartbeats.forget(uid);
             }
+            true
         }
-        watcher::Event::InitDone => {}
-    }
-}
-
-/// What of each claim its lease's decision reads, besides the heartbeat, by claim UID: an
-/// event that changes none of it (a heartbeat) needs no reconcile of the lease.
-#[derive(Default)]
-struct ClaimChanges {
-    seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
-}
-
-impl ClaimChanges {
-    fn matters(&self, event: &watcher::Event<FencedLeaseClaim>, claim: &FencedLeaseClaim) -> bool {
-        let Some(uid) = claim.metadata.uid.clone() else {
-            return true;
-        };
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if matches!(event, watcher::Event::Delete(_)) {
-            seen.remove(&uid);
-            return true;
-        }
-        let print = fingerprint(claim);
-        seen.insert(uid, print) != Some(print)
+        watcher::Event::InitDone => false,
     }
 }
 
