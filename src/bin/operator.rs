@@ -129,11 +129,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    runtime.spawn(trim_malloc());
     match runtime.block_on(run(args)) {
         Ok(code) => code,
         Err(message) => {
             error!(error = %message, "fenced-lease-operator failed");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Hands the free pages inside glibc's heaps back to the kernel now and then. Objects replaced
+/// by their next version (every grant replaces a lease and a claim) leave holes that free()
+/// keeps; trimming them costs a few milliseconds every 15 s.
+async fn trim_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    loop {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        // SAFETY: malloc_trim only releases memory malloc holds free.
+        unsafe {
+            libc::malloc_trim(0);
         }
     }
 }

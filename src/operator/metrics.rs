@@ -1,6 +1,7 @@
 //! Prometheus metrics of the operator, served on `/metrics`.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
@@ -9,7 +10,7 @@ use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
 };
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -47,7 +48,7 @@ pub struct ErrorLabels {
 pub struct Metrics {
     pub registry: Registry,
     /// Lease hand-overs, by kind: grants, expiries, releases, revocations.
-    pub transitions: Family<TransitionLabels, Counter>,
+    pub transitions: TransitionCounts,
     /// Lease status writes refused with 409 Conflict (someone else moved first).
     pub conflicts: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
@@ -65,12 +66,8 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("fenced_lease");
-        let transitions = Family::<TransitionLabels, Counter>::default();
-        registry.register(
-            "transitions",
-            "Lease transitions: Granted, Expired, Released, Revoked",
-            transitions.clone(),
-        );
+        let transitions = TransitionCounts::default();
+        registry.register_collector(Box::new(transitions.clone()));
         let conflicts = Counter::default();
         registry.register(
             "status_conflicts",
@@ -125,27 +122,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn transition(&self, namespace: &str, lease: &str, transition: Transition) {
-        let labels = TransitionLabels {
-            namespace: namespace.into(),
-            lease: lease.into(),
-            transition,
-        };
-        self.transitions.get_or_create(&labels).inc();
+        self.transitions.count(namespace, lease, transition);
     }
 
     pub fn forget_lease(&self, namespace: &str, lease: &str) {
-        for transition in [
-            Transition::Granted,
-            Transition::Expired,
-            Transition::Released,
-            Transition::Revoked,
-        ] {
-            self.transitions.remove(&TransitionLabels {
-                namespace: namespace.into(),
-                lease: lease.into(),
-                transition,
-            });
-        }
+        self.transitions.forget(namespace, lease);
     }
 
     pub fn error(&self, label: &str) {
@@ -162,6 +143,71 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+const TRANSITIONS: [Transition; 4] = [
+    Transition::Granted,
+    Transition::Expired,
+    Transition::Released,
+    Transition::Revoked,
+];
+
+/// `transitions_total` by lease and kind: four counts per lease under one `namespace\0lease`
+/// string, about half the memory of a counter family keyed by owned label strings.
+#[derive(Clone, Debug, Default)]
+pub struct TransitionCounts {
+    counts: Arc<Mutex<HashMap<Box<str>, [u64; 4]>>>,
+}
+
+impl TransitionCounts {
+    fn count(&self, namespace: &str, lease: &str, transition: Transition) {
+        let key = format!("{namespace}\0{lease}");
+        let mut counts = self.lock();
+        let slot = match counts.get_mut(key.as_str()) {
+            Some(slot) => slot,
+            None => counts.entry(key.into_boxed_str()).or_default(),
+        };
+        slot[TRANSITIONS
+            .iter()
+            .position(|t| *t == transition)
+            .unwrap_or(0)] += 1;
+    }
+
+    fn forget(&self, namespace: &str, lease: &str) {
+        self.lock().remove(format!("{namespace}\0{lease}").as_str());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, [u64; 4]>> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Collector for TransitionCounts {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts: Vec<(Box<str>, [u64; 4])> =
+            self.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let mut family = encoder.encode_descriptor(
+            "transitions",
+            "Lease transitions: Granted, Expired, Released, Revoked",
+            None,
+            MetricType::Counter,
+        )?;
+        for (key, values) in counts {
+            let (namespace, lease) = key.split_once('\0').unwrap_or(("", &key));
+            for (transition, value) in TRANSITIONS.into_iter().zip(values) {
+                if value == 0 {
+                    continue;
+                }
+                let labels = TransitionLabels {
+                    namespace: namespace.into(),
+                    lease: lease.into(),
+                    transition,
+                };
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -223,6 +269,10 @@ mod tests {
     fn exposes_transitions_per_lease() {
         let m = Metrics::default();
         m.transition("ns", "db", Transition::Granted);
+        m.transition("ns", "db", Transition::Released);
+        m.transition("ns", "db", Transition::Granted);
+        m.transition("ns", "gone", Transition::Granted);
+        m.forget_lease("ns", "gone");
         let (cache, mut writer) = kube::runtime::reflector::store::<FencedLease>();
         let mut lease: FencedLease = serde_json::from_value(serde_json::json!({
             "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
@@ -237,7 +287,17 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Apply(lease));
         m.leases.watch(cache);
         let text = m.encode();
-        assert!(text.contains(r#"fenced_lease_transitions_total{namespace="ns",lease="db",transition="Granted"} 1"#), "{text}");
+        assert!(text.contains(r#"fenced_lease_transitions_total{namespace="ns",lease="db",transition="Granted"} 2"#), "{text}");
+        assert!(text.contains(r#"fenced_lease_transitions_total{namespace="ns",lease="db",transition="Released"} 1"#), "{text}");
+        assert!(
+            !text.contains(r#"transition="Expired""#),
+            "no series of a count of 0: {text}"
+        );
+        assert!(!text.contains(r#"lease="gone""#), "{text}");
+        assert!(
+            text.contains("# TYPE fenced_lease_transitions counter"),
+            "{text}"
+        );
         assert!(
             text.contains(r#"fenced_lease_waiting_claims{namespace="ns",lease="db"} 2"#),
             "{text}"

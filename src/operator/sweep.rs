@@ -81,15 +81,25 @@ pub async fn run(
         // served by this sweep.
         while requests.try_recv().is_ok() {}
         let (store, swept) = (&ctx.leases, &ctx.swept);
-        let leases: Vec<ObjectRef<FencedLease>> = store
+        // Namespace and name in one string each: at 10,000 leases this list is ~0.5 MiB, as
+        // object references ~1.5 MiB, and the leases themselves would be kept alive by it.
+        let leases: Vec<Box<str>> = store
             .state()
             .iter()
-            .map(|l| super::context::lease_key(l))
+            .map(|l| {
+                let ns = l.metadata.namespace.as_deref().unwrap_or_default();
+                let name = l.metadata.name.as_deref().unwrap_or_default();
+                format!("{ns}\0{name}").into_boxed_str()
+            })
             .collect();
         let total = leases.len();
         let started = Instant::now();
         let mut pruned = Instant::now();
-        for lease in leases {
+        for key in leases {
+            let Some((ns, name)) = key.split_once('\0') else {
+                continue;
+            };
+            let lease = ObjectRef::new(name).within(ns);
             while swept.len() >= limit {
                 if stop.is_cancelled() {
                     return;
