@@ -71,11 +71,11 @@ pub async fn confirm_and_expire(
         return Ok(Confirmed::Expired);
     }
     let beat = beat_of(&claim);
-    if ctx.heartbeats.moved_since(uid, beat.as_deref(), seen_at) {
+    if ctx.heartbeats.moved_since(uid, beat, seen_at) {
         // The cache missed a heartbeat (a partition, a pause, a lagging watch), or the watch
         // brought one after the decision: the claim renewed after the operator last looked.
         // It gets a full term from now.
-        ctx.heartbeats.observe(uid, beat.as_deref(), now);
+        ctx.heartbeats.observe(uid, beat, now);
         info!(
             lease,
             namespace = ns,

@@ -7,16 +7,19 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use k8s_openapi::jiff::Timestamp;
+
 use crate::api::FencedLeaseClaim;
 
-/// The heartbeat value of a claim, as compared between observations.
-pub fn beat_of(claim: &FencedLeaseClaim) -> Option<String> {
-    claim.spec.renew_time.as_ref().map(|t| t.0.to_string())
+/// The heartbeat value of a claim, as compared between observations (its `renewTime`, kept
+/// as a timestamp rather than its text: no allocation per claim).
+pub fn beat_of(claim: &FencedLeaseClaim) -> Option<Timestamp> {
+    claim.spec.renew_time.as_ref().map(|t| t.0)
 }
 
 #[derive(Debug)]
 struct Seen {
-    beat: Option<String>,
+    beat: Option<Timestamp>,
     changed_at: Instant,
     /// A hash of the rest of the claim its lease's decision reads (see [`Heartbeats::observe_claim`]).
     print: Option<u64>,
@@ -30,7 +33,7 @@ pub struct Heartbeats {
 
 impl Heartbeats {
     /// Records the heartbeat value `beat` of claim `uid`, seen at `now`.
-    pub fn observe(&self, uid: &str, beat: Option<&str>, now: Instant) {
+    pub fn observe(&self, uid: &str, beat: Option<Timestamp>, now: Instant) {
         self.observe_with(uid, beat, None, now);
     }
 
@@ -38,22 +41,28 @@ impl Heartbeats {
     /// everything else of the claim a lease's decision reads. Returns whether that changed
     /// (or the claim is new): a change of the heartbeat alone needs no reconcile of the lease,
     /// whose timer already wakes it at the holder's deadline.
-    pub fn observe_claim(&self, uid: &str, beat: Option<&str>, print: u64, now: Instant) -> bool {
+    pub fn observe_claim(
+        &self,
+        uid: &str,
+        beat: Option<Timestamp>,
+        print: u64,
+        now: Instant,
+    ) -> bool {
         self.observe_with(uid, beat, Some(print), now)
     }
 
     fn observe_with(
         &self,
         uid: &str,
-        beat: Option<&str>,
+        beat: Option<Timestamp>,
         print: Option<u64>,
         now: Instant,
     ) -> bool {
         let mut seen = self.lock();
         match seen.get_mut(uid) {
             Some(s) => {
-                if s.beat.as_deref() != beat {
-                    s.beat = beat.map(str::to_owned);
+                if s.beat != beat {
+                    s.beat = beat;
                     s.changed_at = now;
                 }
                 let changed = print.is_some() && s.print != print;
@@ -64,7 +73,7 @@ impl Heartbeats {
                 seen.insert(
                     uid.to_owned(),
                     Seen {
-                        beat: beat.map(str::to_owned),
+                        beat,
                         changed_at: now,
                         print,
                     },
@@ -100,9 +109,9 @@ impl Heartbeats {
     /// restarted its clock) after `seen_at`. The second half matters: a watch event can bring
     /// the very value of the fresh read between the decision and this check, and comparing
     /// values alone would then call a renewing claim silent.
-    pub fn moved_since(&self, uid: &str, read: Option<&str>, seen_at: Instant) -> bool {
+    pub fn moved_since(&self, uid: &str, read: Option<Timestamp>, seen_at: Instant) -> bool {
         match self.lock().get(uid) {
-            Some(s) => s.beat.as_deref() != read || s.changed_at > seen_at,
+            Some(s) => s.beat != read || s.changed_at > seen_at,
             None => true,
         }
     }
@@ -134,6 +143,11 @@ mod tests {
 
     use super::*;
 
+    /// A heartbeat value: `s` seconds past 10:00.
+    fn at(s: i64) -> Option<Timestamp> {
+        Some(Timestamp::from_second(1_764_496_800 + s).unwrap())
+    }
+
     #[test]
     fn unseen_claim_gets_a_full_term_from_now() {
         let hb = Heartbeats::default();
@@ -150,10 +164,10 @@ mod tests {
     fn only_a_changed_value_moves_the_clock() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", Some("10:00:00"), t0);
-        hb.observe("a", Some("10:00:00"), t0 + Duration::from_secs(3));
+        hb.observe("a", at(0), t0);
+        hb.observe("a", at(0), t0 + Duration::from_secs(3));
         assert_eq!(hb.last_change("a", t0 + Duration::from_secs(4)), t0);
-        hb.observe("a", Some("10:00:05"), t0 + Duration::from_secs(5));
+        hb.observe("a", at(5), t0 + Duration::from_secs(5));
         assert_eq!(
             hb.last_change("a", t0 + Duration::from_secs(6)),
             t0 + Duration::from_secs(5)
@@ -164,19 +178,19 @@ mod tests {
     fn a_beat_the_watch_brought_after_the_decision_is_life() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", Some("10:00:00"), t0);
+        hb.observe("a", at(0), t0);
         // Decided on t0 (silent for a term); the fresh read shows the same value: silent.
-        assert!(!hb.moved_since("a", Some("10:00:00"), t0));
+        assert!(!hb.moved_since("a", at(0), t0));
         // The fresh read shows a newer value than the operator has seen: alive.
-        assert!(hb.moved_since("a", Some("10:00:05"), t0));
+        assert!(hb.moved_since("a", at(5), t0));
         // The watch delivered that newer value between the decision and the check: the
         // values now match, but the clock moved after the decision: alive all the same.
-        hb.observe("a", Some("10:00:05"), t0 + Duration::from_secs(5));
-        assert!(hb.moved_since("a", Some("10:00:05"), t0));
+        hb.observe("a", at(5), t0 + Duration::from_secs(5));
+        assert!(hb.moved_since("a", at(5), t0));
         // A relist restarted the clock after the decision: alive (a full term from it).
-        hb.observe("b", Some("10:00:00"), t0);
+        hb.observe("b", at(0), t0);
         hb.restart_all(t0 + Duration::from_secs(1));
-        assert!(hb.moved_since("b", Some("10:00:00"), t0));
+        assert!(hb.moved_since("b", at(0), t0));
         // Never seen: alive.
         assert!(hb.moved_since("c", None, t0));
     }
@@ -185,23 +199,14 @@ mod tests {
     fn only_a_change_besides_the_heartbeat_asks_for_a_reconcile() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        assert!(
-            hb.observe_claim("a", Some("10:00:00"), 1, t0),
-            "a new claim"
-        );
-        assert!(
-            !hb.observe_claim("a", Some("10:00:05"), 1, t0),
-            "a heartbeat"
-        );
+        assert!(hb.observe_claim("a", at(0), 1, t0), "a new claim");
+        assert!(!hb.observe_claim("a", at(5), 1, t0), "a heartbeat");
         assert_eq!(
             hb.last_change("a", t0 + Duration::from_secs(9)),
             t0,
             "same instant passed"
         );
-        assert!(
-            hb.observe_claim("a", Some("10:00:05"), 2, t0),
-            "its status changed"
-        );
+        assert!(hb.observe_claim("a", at(5), 2, t0), "its status changed");
         // A claim first seen by a lease's reconcile is new to the watch too.
         hb.last_change("b", t0);
         assert!(hb.observe_claim("b", None, 7, t0));
@@ -211,7 +216,7 @@ mod tests {
     fn a_relist_restarts_every_clock() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", Some("10:00:00"), t0);
+        hb.observe("a", at(0), t0);
         hb.observe("b", None, t0);
         hb.restart_all(t0 + Duration::from_secs(30));
         for uid in ["a", "b"] {
@@ -221,6 +226,6 @@ mod tests {
             );
         }
         // The value is kept: the same value read after the restart is no change.
-        assert!(!hb.moved_since("a", Some("10:00:00"), t0 + Duration::from_secs(30)));
+        assert!(!hb.moved_since("a", at(0), t0 + Duration::from_secs(30)));
     }
 }

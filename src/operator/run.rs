@@ -597,12 +597,7 @@ fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeas
     match event {
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
             match &claim.metadata.uid {
-                Some(uid) => heartbeats.observe_claim(
-                    uid,
-                    beat_of(claim).as_deref(),
-                    fingerprint(claim),
-                    now,
-                ),
+                Some(uid) => heartbeats.observe_claim(uid, beat_of(claim), fingerprint(claim), now),
                 None => true,
             }
         }
