@@ -124,3 +124,14 @@ pub fn lease_key(lease: &FencedLease) -> ObjectRef<FencedLease> {
         None => key,
     }
 }
+
+/// A lease's namespace and name as one string, `namespace\0name` (no Kubernetes namespace or
+/// name holds a NUL): one allocation a lease where thousands of leases are kept by name.
+pub fn joined_name(ns: &str, name: &str) -> String {
+    format!("{ns}\0{name}")
+}
+
+/// The namespace and name of a [`joined_name`].
+pub fn split_name(joined: &str) -> Option<(&str, &str)> {
+    joined.split_once('\0')
+}

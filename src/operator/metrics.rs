@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::context::{joined_name, split_name};
 use crate::api::FencedLease;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,7 +163,7 @@ pub struct TransitionCounts {
 
 impl TransitionCounts {
     fn count(&self, namespace: &str, lease: &str, transition: Transition) {
-        let key = format!("{namespace}\0{lease}");
+        let key = joined_name(namespace, lease);
         let mut counts = self.lock();
         let slot = match counts.get_mut(key.as_str()) {
             Some(slot) => slot,
@@ -175,7 +176,7 @@ impl TransitionCounts {
     }
 
     fn forget(&self, namespace: &str, lease: &str) {
-        self.lock().remove(format!("{namespace}\0{lease}").as_str());
+        self.lock().remove(joined_name(namespace, lease).as_str());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, [u64; 4]>> {
@@ -194,7 +195,7 @@ impl Collector for TransitionCounts {
             MetricType::Counter,
         )?;
         for (key, values) in counts {
-            let (namespace, lease) = key.split_once('\0').unwrap_or(("", &key));
+            let (namespace, lease) = split_name(&key).unwrap_or(("", &key));
             for (transition, value) in TRANSITIONS.into_iter().zip(values) {
                 if value == 0 {
                     continue;

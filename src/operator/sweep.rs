@@ -13,7 +13,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::context::Context;
+use super::context::{Context, joined_name, split_name};
 use crate::api::FencedLease;
 
 /// How often the sweep looks whether it may queue more.
@@ -89,14 +89,14 @@ pub async fn run(
             .map(|l| {
                 let ns = l.metadata.namespace.as_deref().unwrap_or_default();
                 let name = l.metadata.name.as_deref().unwrap_or_default();
-                format!("{ns}\0{name}").into_boxed_str()
+                joined_name(ns, name).into_boxed_str()
             })
             .collect();
         let total = leases.len();
         let started = Instant::now();
         let mut pruned = Instant::now();
         for key in leases {
-            let Some((ns, name)) = key.split_once('\0') else {
+            let Some((ns, name)) = split_name(&key) else {
                 continue;
             };
             let lease = ObjectRef::new(name).within(ns);

@@ -14,6 +14,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::context::{joined_name, split_name};
 use crate::api::FencedLease;
 
 /// The next wake-up of every lease that has one.
@@ -26,14 +27,10 @@ pub struct Wakeups {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// `(when, "namespace\0name")`, soonest first.
+    /// `(when, joined name)` ([`joined_name`]), soonest first.
     due: BTreeSet<(Instant, Arc<str>)>,
-    /// The wake-up of each lease, by `"namespace\0name"`.
+    /// The wake-up of each lease, by joined name.
     at: HashMap<Arc<str>, Instant>,
-}
-
-fn key(ns: &str, name: &str) -> String {
-    format!("{ns}\0{name}")
 }
 
 impl Wakeups {
@@ -41,7 +38,7 @@ impl Wakeups {
     /// reconcile decides the next one from what it has just seen).
     pub fn set(&self, ns: &str, name: &str, when: std::time::Instant) {
         let when = Instant::from_std(when);
-        let key = key(ns, name);
+        let key = joined_name(ns, name);
         let mut inner = self.lock();
         let soonest = inner.due.first().map(|(t, _)| *t);
         let shared: Arc<str> = match inner.at.get_key_value(key.as_str()) {
@@ -64,7 +61,7 @@ impl Wakeups {
     /// Lease `ns/name` is gone: no more wake-ups.
     pub fn forget(&self, ns: &str, name: &str) {
         let mut inner = self.lock();
-        if let Some((shared, when)) = inner.at.remove_entry(key(ns, name).as_str()) {
+        if let Some((shared, when)) = inner.at.remove_entry(joined_name(ns, name).as_str()) {
             inner.due.remove(&(when, shared));
         }
     }
@@ -89,7 +86,7 @@ impl Wakeups {
                 break;
             };
             inner.at.remove(&key);
-            if let Some((ns, name)) = key.split_once('\0') {
+            if let Some((ns, name)) = split_name(&key) {
                 due.push(ObjectRef::new(name).within(ns));
             }
         }
