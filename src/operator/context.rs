@@ -49,7 +49,7 @@ pub struct Context {
     pub wakeups: Arc<super::wakeups::Wakeups>,
     /// Versions of leases and claims this operator wrote over that its caches still show.
     pub written: Arc<super::written::Written>,
-    /// Leases the sweep of every lease has queued that have not started reconciling yet.
+    /// Leases the sweep, or the pacing of deletions, has queued whose reconcile has not finished.
     pub swept: super::sweep::Swept,
     /// The operator's admission policy bindings (leases with `spec.fenceObjects`).
     pub fence_bindings: super::fence_binding::FenceBindings,

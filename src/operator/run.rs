@@ -49,14 +49,13 @@ pub struct Settings {
     pub resync: Duration,
 }
 
-/// Buffer of each shared cache's fan-out to the controllers.
-const SHARED_BUFFER: usize = 1024;
 /// Leases reconciled at once: bounds the API calls (and connections) in flight, so that an
 /// operator started over thousands of waiting claims works through them instead of opening
 /// thousands of connections at once.
 const LEASE_CONCURRENCY: u16 = 32;
-/// Of those, at most this many reconcile leases of the sweep that follows every (re)list; the
-/// others stay free for changes (a new claim is granted at once while thousands are swept).
+/// Of those, at most this many reconcile leases of the sweep that follows every (re)list, or
+/// leases being deleted; the others stay free for changes (a new claim is granted at once
+/// while thousands are swept, or deleted).
 const SWEEP_CONCURRENCY: usize = 24;
 /// Claims reconciled at once (only claims of missing leases do any work).
 const CLAIM_CONCURRENCY: u16 = 8;
@@ -209,18 +208,22 @@ pub async fn run(
     );
     let unreadable = report_unreadable(events.clone(), metrics.clone());
 
-    let (lease_store, lease_writer) = reflector::store_shared::<FencedLease>(SHARED_BUFFER);
+    // Plain caches, not kube-runtime's shared ones: a shared cache's subscriber that is handed
+    // an object already deleted from the cache returns `Pending` without asking to be woken
+    // again, and then no longer takes events; once 1,024 wait for it, the watch itself stops,
+    // and with it every trigger that would have woken it. Deleting 3,000 leases at once
+    // wedged the operator so for good (the apiserver closed the stalled watch as
+    // unresponsive, unheard). Controllers here are fed from the watches by channels instead.
+    let (lease_store, lease_writer) = reflector::store::<FencedLease>();
     metrics.leases.watch(lease_store.clone());
     // Every trigger of a lease reconcile goes through this channel: lease changes, claim and
-    // pod events, and the sweep of every lease after a (re)list. The shared store's own
-    // subscription is not one: it hands out every lease at once after each list.
+    // pod events, and wake-ups. Those of leases being deleted are paced (`sweep::route`).
     let (lease_triggers, lease_trigger_events) =
         tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLease>>();
+    // The controller's: routed triggers, and the paced sweep of every lease after a (re)list.
+    let (controller_triggers, controller_trigger_events) =
+        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLease>>();
     let (sweep_requests, sweep_request_events) = tokio::sync::mpsc::channel::<()>(1);
-    let lease_events = lease_writer
-        .subscribe()
-        .expect("a shared store hands out subscriptions")
-        .filter(|_| future::ready(false));
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
     // Not shared: no controller subscribes to pods; their events become lease triggers here.
     let (pod_store, pod_writer) = reflector::store::<CachedPod>();
@@ -259,7 +262,7 @@ pub async fn run(
     let leases =
         decode::watch::<FencedLease>(client.clone(), ns.clone(), wc.clone(), unreadable.clone())
             .modify(prune_lease)
-            .reflect_shared(lease_writer)
+            .reflect(lease_writer)
             .inspect_ok(gone_leases)
             .inspect_ok({
                 let (triggers, sweeps) = (lease_triggers.clone(), sweep_requests.clone());
@@ -278,34 +281,26 @@ pub async fn run(
                 }
             });
 
-    // Claim and pod events, deletions included (a shared store's subscribers only see
-    // changes, and a deleted claim or pod is exactly what must hand a lease over at once).
+    // Claim and pod events, deletions included: a deleted claim or pod is exactly what must
+    // hand a lease over at once.
     let heartbeats = Arc::new(Heartbeats::default());
-    let (claim_store, claim_writer) = reflector::store_shared::<FencedLeaseClaim>(SHARED_BUFFER);
+    let (claim_store, claim_writer) = reflector::store::<FencedLeaseClaim>();
     // The claim reconciler acts only on a claim whose lease the cache lacks; the others are
-    // dropped here rather than queued (the store hands out every claim after each list, and
-    // each heartbeat is a change: 10,000 of them queued at once held ~6 MiB of scheduler
-    // slots after a start over 10,000 leases). Until the leases are listed, every claim passes.
-    // Never waited on: this stream holding back would hold back the claim cache itself (the
-    // store waits for its slowest subscriber), and `Store::wait_until_ready` wakes only the
-    // last of several tasks waiting on it.
-    let claim_events = claim_writer
-        .subscribe()
-        .expect("a shared store hands out subscriptions")
-        .filter({
-            let (leases, listed) = (lease_store.clone(), leases_listed.clone());
-            move |claim| {
-                let lease = claim
-                    .metadata
-                    .namespace
-                    .as_deref()
-                    .map(|ns| ObjectRef::<FencedLease>::new(&claim.spec.lease_name).within(ns));
-                future::ready(
-                    !listed.load(Ordering::Acquire)
-                        || lease.is_none_or(|lease| leases.get(&lease).is_none()),
-                )
-            }
-        });
+    // not queued for it (each heartbeat is a change, and after a list every claim is one:
+    // 10,000 of them queued at once held ~6 MiB of scheduler slots after a start over 10,000
+    // leases). Until the leases are listed, every claim is queued.
+    let (claim_triggers, claim_trigger_events) =
+        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLeaseClaim>>();
+    let lacks_lease = {
+        let (leases, listed) = (lease_store.clone(), leases_listed.clone());
+        move |claim: &FencedLeaseClaim| {
+            !listed.load(Ordering::Acquire)
+                || claim.metadata.namespace.as_deref().is_none_or(|ns| {
+                    let lease = ObjectRef::<FencedLease>::new(&claim.spec.lease_name).within(ns);
+                    leases.get(&lease).is_none()
+                })
+        }
+    };
     let observer = heartbeats.clone();
     let on_error = heartbeats.clone();
     let claims_by_lease = Arc::new(Index::default());
@@ -313,7 +308,7 @@ pub async fn run(
     let claims_stream =
         decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
             .modify(prune_claim)
-            .reflect_shared(claim_writer)
+            .reflect(claim_writer)
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
                 let claim_sweeps = sweep_requests.clone();
@@ -339,6 +334,11 @@ pub async fn run(
                     if matches!(event, watcher::Event::InitDone) {
                         let _ = claim_sweeps.try_send(());
                     }
+                    if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = event
+                        && lacks_lease(claim)
+                    {
+                        let _ = claim_triggers.send(ObjectRef::from_obj(claim));
+                    }
                     for claim in touched(event) {
                         // A heartbeat alone only moves the holder's deadline later: the lease's
                         // timer already wakes it then, so it costs no reconcile (and no write).
@@ -357,7 +357,6 @@ pub async fn run(
 
     let pod_sweeps = sweep_requests.clone();
     let binding_triggers = lease_triggers.clone();
-    let lease_triggers_for_sweep = lease_triggers.clone();
     let lease_triggers_for_wakeups = lease_triggers.clone();
     let claims_for_pods = claim_store.clone();
     let leases_for_pods = lease_store.clone();
@@ -465,12 +464,22 @@ pub async fn run(
         ctx.clone(),
         SWEEP_CONCURRENCY,
         sweep_request_events,
-        lease_triggers_for_sweep,
+        controller_triggers.clone(),
         stop.clone(),
     ));
-    let lease_controller = Controller::for_shared_stream(lease_events, lease_store)
+    // Leases being deleted, paced in the sweep's slots: a namespace of thousands deleted at
+    // once must not hold up a change elsewhere.
+    let routing = tokio::spawn(sweep::route(
+        ctx.clone(),
+        SWEEP_CONCURRENCY,
+        lease_trigger_events,
+        controller_triggers,
+        stop.clone(),
+    ));
+    // Leases are reconciled only when triggered (a list would hand out every lease at once).
+    let lease_controller = Controller::for_stream(futures::stream::pending(), lease_store)
         .with_config(controller::Config::default().concurrency(LEASE_CONCURRENCY))
-        .reconcile_on(tokio_stream_from(lease_trigger_events))
+        .reconcile_on(tokio_stream_from(controller_trigger_events))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| {
@@ -487,13 +496,19 @@ pub async fn run(
             future::ready(())
         });
 
-    let claim_controller = Controller::for_shared_stream(claim_events, claim_store)
+    let claim_controller = Controller::for_stream(futures::stream::pending(), claim_store)
         .with_config(controller::Config::default().concurrency(CLAIM_CONCURRENCY))
+        .reconcile_on(tokio_stream_from(claim_trigger_events))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| {
+            // Deleted since it was queued: nothing to do.
             if let Err(e) = result
-                && !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..))
+                && !matches!(
+                    e,
+                    kube::runtime::controller::Error::ReconcilerFailed(..)
+                        | kube::runtime::controller::Error::ObjectNotFound(..)
+                )
             {
                 warn!(error = %e, "claim controller");
             }
@@ -507,6 +522,7 @@ pub async fn run(
         let _ = watch.await;
     }
     let _ = sweeping.await;
+    let _ = routing.await;
     info!("controllers stopped");
 }
 

@@ -4,8 +4,14 @@
 //! that arrives meanwhile (a new claim of another lease) can wait behind all of them: 20 s
 //! and more at 10,000 leases. The sweep keeps at most `limit` leases queued or reconciling,
 //! fewer than the controller's slots, so a fresh change always finds a free slot.
+//!
+//! The leases being deleted are paced the same way, and in the same slots: deleting a
+//! namespace with thousands of leases makes each a change (its deletion), and each takes
+//! several writes to finalize (its last token recorded, its holder revoked, its finalizer
+//! removed). Queued all at once, they held a lease created meanwhile, elsewhere, for more
+//! than 30 s at 10,000 leases.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,7 +27,7 @@ const POLL: Duration = Duration::from_millis(5);
 /// Queued leases gone from the cache for this long are no longer waited for.
 const PRUNE: Duration = Duration::from_secs(1);
 
-/// Leases the sweep has queued whose reconcile has not finished yet.
+/// Leases the sweep or the pacing of deletions has queued whose reconcile has not finished.
 #[derive(Default)]
 pub struct Swept {
     queued: Mutex<HashSet<ObjectRef<FencedLease>>>,
@@ -34,6 +40,13 @@ impl Swept {
         if !queued.is_empty() {
             queued.remove(lease);
         }
+    }
+
+    fn contains(&self, lease: &ObjectRef<FencedLease>) -> bool {
+        self.queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(lease)
     }
 
     fn len(&self) -> usize {
@@ -122,6 +135,100 @@ pub async fn run(
     }
 }
 
+/// Passes every lease trigger from `input` on to `output` (the controller) at once, except
+/// those of leases being deleted: they wait, first come first served, for one of the `limit`
+/// slots the sweep also uses (and for the lease's own reconcile in one of them to finish), so
+/// that a mass deletion never holds more of the controller than the sweep does. Until `stop`.
+pub async fn route(
+    ctx: Arc<Context>,
+    limit: usize,
+    mut input: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
+    output: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
+    stop: CancellationToken,
+) {
+    let mut deleting = Deleting::default();
+    let mut pruned = Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            next = input.recv() => {
+                let Some(lease) = next else { return };
+                if ctx
+                    .leases
+                    .get(&lease)
+                    .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
+                {
+                    deleting.push(lease);
+                } else if output.send(lease).is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(POLL), if !deleting.is_empty() => {}
+        }
+        if deleting.is_empty() {
+            continue;
+        }
+        if pruned.elapsed() >= PRUNE {
+            ctx.swept.prune(&ctx.leases);
+            pruned = Instant::now();
+        }
+        for lease in deleting.release(&ctx.swept, &ctx.leases, limit) {
+            if output.send(lease).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Triggers of leases being deleted, waiting for a slot: each lease once, oldest first.
+#[derive(Default)]
+struct Deleting {
+    order: VecDeque<ObjectRef<FencedLease>>,
+    held: HashSet<ObjectRef<FencedLease>>,
+}
+
+impl Deleting {
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    fn push(&mut self, lease: ObjectRef<FencedLease>) {
+        if self.held.insert(lease.clone()) {
+            self.order.push_back(lease);
+        }
+    }
+
+    /// The leases that may be reconciled now, each queued in `swept`: oldest first, as many as
+    /// `limit` leaves room for, none whose last reconcile there has not finished (it goes to
+    /// the back), none the cache no longer has (dropped: there is nothing left to finalize).
+    fn release(
+        &mut self,
+        swept: &Swept,
+        store: &Store<FencedLease>,
+        limit: usize,
+    ) -> Vec<ObjectRef<FencedLease>> {
+        let mut released = Vec::new();
+        for _ in 0..self.order.len().min(2 * limit) {
+            if swept.len() >= limit {
+                break;
+            }
+            let Some(lease) = self.order.pop_front() else {
+                break;
+            };
+            if store.get(&lease).is_none() {
+                self.held.remove(&lease);
+            } else if swept.contains(&lease) {
+                self.order.push_back(lease);
+            } else {
+                self.held.remove(&lease);
+                swept.queue(lease.clone());
+                released.push(lease);
+            }
+        }
+        released
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +242,64 @@ mod tests {
         assert_eq!(swept.len(), 1);
         swept.finished(&lease);
         assert_eq!(swept.len(), 0);
+    }
+
+    fn store_of(names: &[&str]) -> Store<FencedLease> {
+        let (store, mut writer) = kube::runtime::reflector::store::<FencedLease>();
+        for name in names {
+            let lease: FencedLease = serde_json::from_value(serde_json::json!({
+                "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"leaseDurationSeconds": 10},
+            }))
+            .expect("lease");
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
+        }
+        store
+    }
+
+    fn lease(name: &str) -> ObjectRef<FencedLease> {
+        ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn deletions_take_free_slots_oldest_first_and_each_lease_once() {
+        let store = store_of(&["a", "b", "c", "d"]);
+        let (swept, mut deleting) = (Swept::default(), Deleting::default());
+        for name in ["a", "b", "a", "c", "d"] {
+            deleting.push(lease(name));
+        }
+        swept.queue(lease("x"));
+        let first = deleting.release(&swept, &store, 3);
+        assert_eq!(
+            first,
+            vec![lease("a"), lease("b")],
+            "two free slots of three"
+        );
+        assert!(
+            deleting.release(&swept, &store, 3).is_empty(),
+            "no slot free"
+        );
+        swept.finished(&lease("a"));
+        assert_eq!(deleting.release(&swept, &store, 3), vec![lease("c")]);
+        swept.finished(&lease("b"));
+        swept.finished(&lease("c"));
+        assert_eq!(deleting.release(&swept, &store, 3), vec![lease("d")]);
+        assert!(deleting.is_empty());
+    }
+
+    #[test]
+    fn a_deletion_waits_for_its_own_running_reconcile_and_a_gone_lease_is_dropped() {
+        let store = store_of(&["a", "b"]);
+        let (swept, mut deleting) = (Swept::default(), Deleting::default());
+        swept.queue(lease("a"));
+        deleting.push(lease("a"));
+        deleting.push(lease("b"));
+        deleting.push(lease("gone"));
+        assert_eq!(deleting.release(&swept, &store, 10), vec![lease("b")]);
+        assert!(!deleting.is_empty(), "a waits for its reconcile to finish");
+        swept.finished(&lease("a"));
+        assert_eq!(deleting.release(&swept, &store, 10), vec![lease("a")]);
+        assert!(deleting.is_empty(), "the lease the cache lacks is dropped");
     }
 }

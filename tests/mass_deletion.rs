@@ -1,0 +1,152 @@
+//! Thousands of leases deleted at once (a namespace, or `kubectl delete fencedleases --all`)
+//! each take the operator several writes to finalize: the last token recorded, the holder
+//! revoked, the finalizer removed. Meanwhile a lease created elsewhere must still be granted
+//! at once, and every deletion must still finish. Queued into the controller all together, the
+//! deletions took its every slot, and a new lease waited behind them in hash order: more than
+//! 30 s at 10,000 leases (issue 11).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestNamespace;
+use common::operator::OperatorProcess;
+use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+const LEASES: usize = 3_000;
+const FINALIZER: &str = "fencing.dev/token-high-water-mark";
+/// The operator adds a finalizer to each lease (and writes its status): 2 writes each.
+const ALL_FINALIZED: Duration = Duration::from_secs(120);
+/// A new lease's claim is granted in well under a second on an idle operator; this leaves
+/// room for 2 shared cores. Behind 3,000 deletions it waited 10 s and more.
+const PROBE_GRANTED: Duration = Duration::from_secs(4);
+const ALL_DELETED: Duration = Duration::from_secs(180);
+
+fn lease(name: &str) -> FencedLease {
+    serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+        "metadata": {"name": name, "labels": {"batch": if name == "probe" { "probe" } else { "bulk" }}},
+        "spec": {"leaseDurationSeconds": 300},
+    }))
+    .expect("lease object")
+}
+
+fn claim(name: &str, lease: &str) -> FencedLeaseClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+        "metadata": {"name": name}, "spec": {"leaseName": lease, "holderIdentity": name},
+    }))
+    .expect("claim object")
+}
+
+/// Leases of the bulk batch: how many there are, and how many carry the operator's finalizer.
+async fn bulk(api: &Api<FencedLease>) -> (usize, usize) {
+    let list = api
+        .list_metadata(&ListParams::default().labels("batch=bulk"))
+        .await
+        .expect("list leases");
+    let finalized = list
+        .items
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == FINALIZER)
+        })
+        .count();
+    (list.items.len(), finalized)
+}
+
+#[tokio::test]
+async fn a_new_lease_is_granted_at_once_while_thousands_are_being_deleted() {
+    let ns = TestNamespace::new("mass-deletion").await;
+    let (leases, claims) = (ns.api::<FencedLease>(), ns.api::<FencedLeaseClaim>());
+    let op = OperatorProcess::start(&ns.name, &[]);
+    futures::stream::iter((0..LEASES).map(|i| lease(&format!("l-{i}"))))
+        .map(|l| {
+            let leases = leases.clone();
+            async move { leases.create(&PostParams::default(), &l).await.map(drop) }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("create leases");
+    let started = Instant::now();
+    while bulk(&leases).await.1 < LEASES {
+        assert!(
+            started.elapsed() < ALL_FINALIZED,
+            "the operator put its finalizer on {} of {LEASES} leases in {ALL_FINALIZED:?}; log: {}",
+            bulk(&leases).await.1,
+            op.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // 32 at a time, as fast as the apiserver takes them (as a namespace's deletion goes; one
+    // `deletecollection` of 3,000 outlasts the client's timeout).
+    futures::stream::iter(0..LEASES)
+        .map(|i| {
+            let leases = leases.clone();
+            async move {
+                leases
+                    .delete(&format!("l-{i}"), &DeleteParams::default())
+                    .await
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("delete the bulk leases");
+    let deleting = Instant::now();
+    leases
+        .create(&PostParams::default(), &lease("probe"))
+        .await
+        .expect("probe lease");
+    claims
+        .create(&PostParams::default(), &claim("probe", "probe"))
+        .await
+        .expect("probe claim");
+    let asked = Instant::now();
+    let granted = loop {
+        let phase = claims.get("probe").await.ok().and_then(|c| c.status?.phase);
+        if phase == Some(ClaimPhase::Granted) {
+            break Some(asked.elapsed());
+        }
+        if asked.elapsed() > PROBE_GRANTED {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (left_then, _) = bulk(&leases).await;
+    // The deletions still finish: none is starved by the pacing.
+    let mut left = left_then;
+    while left > 0 {
+        assert!(
+            deleting.elapsed() < ALL_DELETED,
+            "{left} of {LEASES} deleted leases still there after {ALL_DELETED:?}; log: {}",
+            op.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        left = bulk(&leases).await.0;
+    }
+    let took = deleting.elapsed();
+    eprintln!(
+        "probe granted after {granted:?} with {left_then} of {LEASES} leases still being deleted; all {LEASES} deleted in {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(
+        left_then > 0,
+        "the {LEASES} deletions were done before the probe was granted: this test saw no contention (raise LEASES)"
+    );
+    assert!(
+        granted.is_some(),
+        "a claim of a new lease was not granted within {PROBE_GRANTED:?} while {left_then} of {LEASES} leases were being deleted; log: {}",
+        op.log.display()
+    );
+}
