@@ -8,7 +8,10 @@
 //!    where its log is;
 //! 3. with every lease held, the holders heartbeat at `--beat-rate`: operator CPU seconds per
 //!    1,000 heartbeats, resident memory, apiserver writes per second and per heartbeat
-//!    (the apiserver's `apiserver_request_total`), and how late expiries fire meanwhile.
+//!    (the apiserver's `apiserver_request_total`), and how late expiries fire meanwhile;
+//! 4. every lease and claim is deleted, 32 at a time, the operator running: how fast are the
+//!    leases finalized, and does a new claim in another namespace get its grant meanwhile?
+//!    Fails when no lease goes for 60 s.
 //!
 //! ```console
 //! $ eval "$(hack/control-plane up)"
@@ -32,7 +35,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 /// The operator at 1,000 / 5,000 / 10,000 leases: grants after an outage, heartbeats, expiry.
 #[derive(Parser)]
@@ -456,6 +460,37 @@ async fn measure(
             return fail(format!("expiry: {e} (log: {})", log.display()));
         }
     }
+
+    // 4. Every lease and claim deleted at once (as with their namespace), the operator running.
+    match deletion(client, ns, probe_ns, &grants, args.concurrency, &operator).await {
+        Ok((per_s, took, probe)) => {
+            let probe = probe
+                .map(|d| format!("{:.0} ms", ms(d)))
+                .unwrap_or_else(|e| format!("not granted: {e}"));
+            println!(
+                "deleted every lease and claim: all leases gone {:.1} s after the first delete ({per_s:.0} leases/s); a new claim in another namespace meanwhile granted in {probe}; {}",
+                took.as_secs_f64(),
+                operator.proc_line()
+            );
+            results.value(
+                section,
+                sys,
+                &format!("N={n}: leases finalized/s, all deleted at once"),
+                per_s,
+                "/s",
+                &format!(
+                    "{n} leases and their claims deleted, {} at a time: all gone in {:.1} s; a new claim in another namespace meanwhile granted in {probe}",
+                    args.concurrency,
+                    took.as_secs_f64()
+                ),
+            );
+        }
+        Err(e) => {
+            let report = failure_report(client, &operator, &[ns, probe_ns], &grants).await;
+            println!("{report}");
+            return fail(format!("deletion: {e} (log: {})", log.display()));
+        }
+    }
     println!("{}", operator.proc_line());
     println!("{}", operator.log_summary());
     operator.stop();
@@ -466,6 +501,97 @@ async fn measure(
         size as f64 / 1048576.0
     );
     Ok(())
+}
+
+/// Deletes every lease and claim of `ns`, `concurrency` at a time, and meanwhile asks for a
+/// new lease in `probe_ns`: how fast does the operator finalize the leases, and does the new
+/// claim still get its lease at once? Fails when the leases stop going for 60 s.
+async fn deletion(
+    client: &Client,
+    ns: &str,
+    probe_ns: &str,
+    grants: &Grants,
+    concurrency: usize,
+    operator: &Operator,
+) -> Res<(f64, Duration, Res<Duration>)> {
+    let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
+    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), ns);
+    let lease_names: Vec<String> = leases
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|l| l.name_any())
+        .collect();
+    let claim_names: Vec<String> = claims
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    let total = lease_names.len();
+    let probe = {
+        let (client, probe_ns, grants) = (client.clone(), probe_ns.to_string(), grants.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let pp = PostParams::default();
+            Api::<FencedLease>::namespaced(client.clone(), &probe_ns)
+                .create(&pp, &lease("during-deletion", 3600))
+                .await?;
+            let at = Instant::now();
+            Api::<FencedLeaseClaim>::namespaced(client, &probe_ns)
+                .create(&pp, &claim("during-deletion", "during-deletion"))
+                .await?;
+            let granted = grants
+                .wait(&probe_ns, "during-deletion", Duration::from_secs(30))
+                .await?;
+            Res::Ok(granted - at)
+        })
+    };
+    let started = Instant::now();
+    let dp = DeleteParams::default();
+    let deletes = claim_names
+        .iter()
+        .map(|c| (true, c))
+        .chain(lease_names.iter().map(|l| (false, l)));
+    futures::stream::iter(deletes)
+        .for_each_concurrent(concurrency, |(is_claim, name)| {
+            let (leases, claims, dp) = (&leases, &claims, &dp);
+            async move {
+                let _ = if is_claim {
+                    claims.delete(name, dp).await.map(drop)
+                } else {
+                    leases.delete(name, dp).await.map(drop)
+                };
+            }
+        })
+        .await;
+    let mut left = total;
+    let mut last_change = Instant::now();
+    while left > 0 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = leases
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .len();
+        if now != left {
+            left = now;
+            last_change = Instant::now();
+        } else if last_change.elapsed() > Duration::from_secs(60) {
+            return fail(format!(
+                "{left} of {total} deleted leases still there, none gone for 60 s; {}",
+                operator.proc_line()
+            ));
+        }
+    }
+    let took = started.elapsed();
+    let probe = match probe.await {
+        Ok(result) => result,
+        Err(e) => fail(format!("probe task: {e}")),
+    };
+    Ok((total as f64 / took.as_secs_f64(), took, probe))
 }
 
 /// Heartbeats the claims named `c-<name>` round-robin at `rate` per second until `stop`.
