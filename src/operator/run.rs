@@ -212,7 +212,7 @@ pub async fn run(
     // an object already deleted from the cache returns `Pending` without asking to be woken
     // again, and then no longer takes events; once 1,024 wait for it, the watch itself stops,
     // and with it every trigger that would have woken it. Deleting 3,000 leases at once
-    // wedged the operator so for good (the apiserver closed the stalled watch as
+    // wedged the operator for good (the apiserver closed the stalled watch as
     // unresponsive, unheard). Controllers here are fed from the watches by channels instead.
     let (lease_store, lease_writer) = reflector::store::<FencedLease>();
     metrics.leases.watch(lease_store.clone());
