@@ -1,9 +1,11 @@
-//! Thousands of leases deleted at once (a namespace, a `deletecollection`)
-//! each take the operator several writes to finalize: the last token recorded, the holder
-//! revoked, the finalizer removed. Meanwhile a lease created elsewhere must still be granted
-//! at once, and every deletion must still finish. Queued into the controller all together, the
-//! deletions took its every slot, and a new lease waited behind them in hash order: more than
-//! 30 s at 10,000 leases (issue 11).
+//! Thousands of leases deleted at once (a namespace, a `deletecollection`) each take the
+//! operator several writes to finalize: the last token recorded, the holder revoked, the
+//! finalizer removed. Meanwhile a lease created elsewhere must still be granted at once, and
+//! every deletion must still finish. Before the fix (issue 11) this wedged the operator for
+//! good in 7 of 8 runs: kube-runtime's shared cache stopped feeding its controller when handed
+//! a lease already gone, then blocked the lease watch. And with that fixed, the deletions,
+//! queued into the controller all together, took its every slot, so a new lease waited
+//! behind them in hash order: more than 4 s at 3,000 leases, more than 30 s at 10,000.
 
 mod common;
 
