@@ -516,20 +516,7 @@ async fn deletion(
 ) -> Res<(f64, Duration, Res<Duration>)> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), ns);
-    let lease_names: Vec<String> = leases
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|l| l.name_any())
-        .collect();
-    let claim_names: Vec<String> = claims
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
+    let (lease_names, claim_names) = (names(&leases).await?, names(&claims).await?);
     let total = lease_names.len();
     let probe = {
         let (client, probe_ns, grants) = (client.clone(), probe_ns.to_string(), grants.clone());
@@ -592,6 +579,15 @@ async fn deletion(
         Err(e) => fail(format!("probe task: {e}")),
     };
     Ok((total as f64 / took.as_secs_f64(), took, probe))
+}
+
+/// The names of every object `api` lists.
+async fn names<K>(api: &Api<K>) -> Res<Vec<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api.list_metadata(&ListParams::default()).await?;
+    Ok(list.items.iter().map(|o| o.name_any()).collect())
 }
 
 /// Heartbeats the claims named `c-<name>` round-robin at `rate` per second until `stop`.

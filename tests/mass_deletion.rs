@@ -12,10 +12,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestNamespace;
+use common::bulk::{create_all, new_lease_granted};
 use common::operator::OperatorProcess;
-use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
-use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use fenced_lease::api::{FencedLease, FencedLeaseClaim};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 
 const LEASES: usize = 3_000;
@@ -34,14 +34,6 @@ fn lease(name: &str) -> FencedLease {
         "spec": {"leaseDurationSeconds": 300},
     }))
     .expect("lease object")
-}
-
-fn claim(name: &str, lease: &str) -> FencedLeaseClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
-        "metadata": {"name": name}, "spec": {"leaseName": lease, "holderIdentity": name},
-    }))
-    .expect("claim object")
 }
 
 /// Leases of the bulk batch: how many there are, and how many carry the operator's finalizer.
@@ -69,15 +61,11 @@ async fn a_new_lease_is_granted_at_once_while_thousands_are_being_deleted() {
     let ns = TestNamespace::new("mass-deletion").await;
     let (leases, claims) = (ns.api::<FencedLease>(), ns.api::<FencedLeaseClaim>());
     let op = OperatorProcess::start(&ns.name, &[]);
-    futures::stream::iter((0..LEASES).map(|i| lease(&format!("l-{i}"))))
-        .map(|l| {
-            let leases = leases.clone();
-            async move { leases.create(&PostParams::default(), &l).await.map(drop) }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<()>>()
-        .await
-        .expect("create leases");
+    create_all(
+        &leases,
+        (0..LEASES).map(|i| lease(&format!("l-{i}"))).collect(),
+    )
+    .await;
     let started = Instant::now();
     while bulk(&leases).await.1 < LEASES {
         assert!(
@@ -116,25 +104,7 @@ async fn a_new_lease_is_granted_at_once_while_thousands_are_being_deleted() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    leases
-        .create(&PostParams::default(), &lease("probe"))
-        .await
-        .expect("probe lease");
-    claims
-        .create(&PostParams::default(), &claim("probe", "probe"))
-        .await
-        .expect("probe claim");
-    let asked = Instant::now();
-    let granted = loop {
-        let phase = claims.get("probe").await.ok().and_then(|c| c.status?.phase);
-        if phase == Some(ClaimPhase::Granted) {
-            break Some(asked.elapsed());
-        }
-        if asked.elapsed() > PROBE_GRANTED {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let granted = new_lease_granted(&leases, &claims, &lease("probe"), PROBE_GRANTED).await;
     let (left_then, _) = bulk(&leases).await;
     // The deletions still finish: none is starved by the pacing.
     let mut left = left_then;

@@ -10,10 +10,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestNamespace;
+use common::bulk::{claim, create_all, new_lease_granted};
 use common::operator::OperatorProcess;
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
-use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use futures::StreamExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 const LEASES: usize = 2_000;
@@ -31,30 +32,6 @@ fn lease(name: &str) -> FencedLease {
         "metadata": {"name": name}, "spec": {"leaseDurationSeconds": 300},
     }))
     .expect("lease object")
-}
-
-fn claim(name: &str, lease: &str) -> FencedLeaseClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
-        "metadata": {"name": name}, "spec": {"leaseName": lease, "holderIdentity": name},
-    }))
-    .expect("claim object")
-}
-
-/// Creates `objects` with 32 requests in flight.
-async fn create_all<K>(api: &Api<K>, objects: Vec<K>)
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    futures::stream::iter(objects)
-        .map(|o| {
-            let api = api.clone();
-            async move { api.create(&PostParams::default(), &o).await.map(drop) }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<()>>()
-        .await
-        .expect("create");
 }
 
 /// Sockets among the open file descriptors of process `pid`.
@@ -104,25 +81,7 @@ async fn an_operator_started_over_thousands_of_waiting_claims_grants_them_all() 
         let (leases, claims) = (leases.clone(), claims.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(2)).await;
-            leases
-                .create(&PostParams::default(), &lease("probe"))
-                .await
-                .expect("probe lease");
-            claims
-                .create(&PostParams::default(), &claim("probe", "probe"))
-                .await
-                .expect("probe claim");
-            let asked = Instant::now();
-            loop {
-                let phase = claims.get("probe").await.ok().and_then(|c| c.status?.phase);
-                if phase == Some(ClaimPhase::Granted) {
-                    return Some(asked.elapsed());
-                }
-                if asked.elapsed() > PROBE_GRANTED {
-                    return None;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            new_lease_granted(&leases, &claims, &lease("probe"), PROBE_GRANTED).await
         })
     };
 

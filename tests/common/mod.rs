@@ -6,6 +6,7 @@
 //! `hack/control-plane up` (idempotent, so every test binary shares it).
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod bulk;
 pub mod cli;
 pub mod fence;
 pub mod operator;
