@@ -86,7 +86,7 @@ pub struct FencedLeaseClaimSpec {
 }
 
 /// Where a claim stands.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
 pub enum ClaimPhase {
     /// Waiting in the queue.
     Pending,

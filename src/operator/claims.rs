@@ -9,46 +9,74 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio_util::sync::CancellationToken;
 
+use super::cached::CachedClaim;
 use super::context::Context;
 use super::error::{Error, Result, timed};
 use super::reconcile::MANAGER;
 use super::status::{CLAIM_GENERATION, set_condition};
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
 
-pub async fn reconcile(claim: Arc<FencedLeaseClaim>, ctx: Arc<Context>) -> Result<Action> {
-    let result = reconcile_claim(&claim, &ctx).await;
-    if result.is_ok() {
-        ctx.failures.succeeded(&failure_key(&claim));
-    }
-    result
+/// When to look at a claim again, if at all.
+type Again = Option<Duration>;
+
+/// Reconciles the claims sent on `triggers` (see [`runner`](super::runner)), until `stop`.
+pub async fn run(
+    ctx: Arc<Context>,
+    concurrency: usize,
+    triggers: UnboundedReceiver<ClaimKey>,
+    again: UnboundedSender<ClaimKey>,
+    stop: CancellationToken,
+) {
+    super::runner::run(concurrency, triggers, again, stop, move |key| {
+        let ctx = ctx.clone();
+        async move { reconcile_cached(&ctx, &key).await }
+    })
+    .await
 }
 
-fn failure_key(claim: &FencedLeaseClaim) -> String {
+/// The claim `key` names, reconciled if the cache still has it; when to look again.
+async fn reconcile_cached(ctx: &Context, key: &ClaimKey) -> Again {
+    let claim = ctx.claims.get(&key.0, &key.1)?;
+    match reconcile_claim(&claim, ctx).await {
+        Ok(again) => {
+            ctx.failures.succeeded(&failure_key(&claim));
+            again
+        }
+        Err(error) => Some(error_policy(&claim, &error, ctx)),
+    }
+}
+
+/// A claim's namespace and name.
+pub type ClaimKey = (String, String);
+
+fn failure_key(claim: &CachedClaim) -> String {
     format!(
         "claim:{}/{}",
-        claim.namespace().unwrap_or_default(),
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.name_any()
     )
 }
 
-async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Action> {
+async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
     if !ctx.is_synced() {
-        return Ok(Action::requeue(Duration::from_millis(200)));
+        return Ok(Some(Duration::from_millis(200)));
     }
     let ns = claim
-        .namespace()
+        .metadata
+        .namespace
+        .clone()
         .ok_or_else(|| Error::Unexpected("FencedLeaseClaim without a namespace".into()))?;
     let lease = &claim.spec.lease_name;
     if claim.metadata.deletion_timestamp.is_some()
         || ctx.leases.get(&ObjectRef::new(lease).within(&ns)).is_some()
     {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     // The cache may not have heard of a lease created a moment ago: a holder told that its
     // lease does not exist gives up, so only the API may say so.
@@ -61,9 +89,9 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
     .await?
     .is_some()
     {
-        return Ok(Action::await_change()); // the lease's own event brings the grant
+        return Ok(None); // the lease's own event brings the grant
     }
-    let current = claim.status.clone().unwrap_or_default();
+    let current = claim.full_status();
     let already_told = current
         .conditions
         .iter()
@@ -118,7 +146,7 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
     }
     if current.phase == Some(ClaimPhase::Granted) {
         ctx.event(
-            &claim.object_ref(&()),
+            &claim.reference(),
             EventType::Warning,
             "Revoked",
             "Hand-over",
@@ -126,21 +154,21 @@ async fn reconcile_claim(claim: &FencedLeaseClaim, ctx: &Context) -> Result<Acti
         );
     } else if !already_told {
         ctx.event(
-            &claim.object_ref(&()),
+            &claim.reference(),
             EventType::Warning,
             "LeaseNotFound",
             "Grant",
             message,
         );
     }
-    Ok(Action::await_change())
+    Ok(None)
 }
 
-pub fn error_policy(claim: Arc<FencedLeaseClaim>, error: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(claim: &CachedClaim, error: &Error, ctx: &Context) -> Duration {
     ctx.metrics.error(error.metric_label());
     let (attempt, _) = ctx
         .failures
-        .failed(&failure_key(&claim), error.event_reason());
-    tracing::warn!(claim = %claim.name_any(), namespace = ?claim.namespace(), error = %error, attempt, "claim reconcile failed");
-    Action::requeue(super::backoff::retry_delay(attempt, rand::random::<f64>()))
+        .failed(&failure_key(claim), error.event_reason());
+    tracing::warn!(claim = %claim.name_any(), namespace = ?claim.metadata.namespace, error = %error, attempt, "claim reconcile failed");
+    super::backoff::retry_delay(attempt, rand::random::<f64>())
 }

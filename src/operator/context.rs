@@ -10,21 +10,23 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::backoff::Failures;
+use super::cache::Cache;
+use super::cached::CachedClaim;
 use super::error::truncate;
 use super::events::Events;
 use super::heartbeat::Heartbeats;
 use super::index::Index;
 use super::metrics::Metrics;
 use super::pods::CachedPod;
-use crate::api::{FencedLease, FencedLeaseClaim};
+use crate::api::FencedLease;
 
 /// What every reconcile needs.
 pub struct Context {
     pub client: Client,
     pub leases: Store<FencedLease>,
-    pub claims: Store<FencedLeaseClaim>,
+    pub claims: Cache<CachedClaim>,
     /// Pods as [`CachedPod`]: existence, UID and token annotations are all the operator reads.
-    pub pods: Store<CachedPod>,
+    pub pods: Cache<CachedPod>,
     pub heartbeats: Arc<Heartbeats>,
     /// Events are queued here and published in the background, never awaited.
     pub events: Events,

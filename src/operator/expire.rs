@@ -16,6 +16,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
+use super::cached::CachedClaim;
 use super::context::Context;
 use super::error::{Result, timed};
 use super::heartbeat::beat_of;
@@ -24,7 +25,7 @@ use crate::api::{ClaimPhase, FencedLeaseClaim};
 
 /// Claims read from the API during one reconcile, by UID: fresher than the cache. `None`
 /// marks a claim the API no longer has.
-pub type Fresh = HashMap<String, Option<FencedLeaseClaim>>;
+pub type Fresh = HashMap<String, Option<CachedClaim>>;
 
 /// How a confirmation ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -67,10 +68,10 @@ pub async fn confirm_and_expire(
     let now = Instant::now();
     let phase = claim.status.as_ref().and_then(|s| s.phase);
     if matches!(phase, Some(ClaimPhase::Expired | ClaimPhase::Revoked)) {
-        fresh.insert(uid.to_string(), Some(claim));
+        fresh.insert(uid.to_string(), Some(claim.into()));
         return Ok(Confirmed::Expired);
     }
-    let beat = beat_of(&claim);
+    let beat = beat_of(&claim.spec);
     if ctx.heartbeats.moved_since(uid, beat, seen_at) {
         // The cache missed a heartbeat (a partition, a pause, a lagging watch), or the watch
         // brought one after the decision: the claim renewed after the operator last looked.
@@ -82,13 +83,14 @@ pub async fn confirm_and_expire(
             claim = name,
             "heartbeat moved while the cache was behind; not expiring"
         );
-        fresh.insert(uid.to_string(), Some(claim));
+        fresh.insert(uid.to_string(), Some(claim.into()));
         return Ok(Confirmed::Alive);
     }
 
     let mut update = claim.clone();
     update.metadata.managed_fields = None;
-    update.status = Some(status::expired_status(&claim, lease, holder));
+    let current = claim.status.clone().unwrap_or_default();
+    update.status = Some(status::expired_status(current, lease, holder));
     match timed(
         "expire claim",
         ctx.api_timeout,
@@ -116,7 +118,7 @@ pub async fn confirm_and_expire(
                 "Hand-over",
                 note,
             );
-            fresh.insert(uid.to_string(), Some(written));
+            fresh.insert(uid.to_string(), Some(written.into()));
             Ok(Confirmed::Expired)
         }
         Err(e) if e.is_conflict() => {

@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::FencedLeaseClaim;
+use crate::api::FencedLeaseClaimSpec;
 
 /// The heartbeat value of a claim, as compared between observations (its `renewTime`, kept
 /// as a timestamp rather than its text: no allocation per claim).
-pub fn beat_of(claim: &FencedLeaseClaim) -> Option<Timestamp> {
-    claim.spec.renew_time.as_ref().map(|t| t.0)
+pub fn beat_of(spec: &FencedLeaseClaimSpec) -> Option<Timestamp> {
+    spec.renew_time.as_ref().map(|t| t.0)
 }
 
 #[derive(Debug)]

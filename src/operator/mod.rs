@@ -4,10 +4,10 @@
 //! - [`decide`]: who holds next and why a holder stops (pure); [`token`]: the next token.
 //! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
 //!   [`expire`]: an expiry confirmed on a fresh read and made final on the claim (I9).
-//! - [`index`]: claims by lease and by pod, pods by annotated lease (no scans per event).
+//! - [`cache`]: claims and pods by namespace and name; [`cached`]: claims as cached (compact); [`index`]: claims by lease and by pod, pods by annotated lease (no scans per event).
 //! - [`status`]: the lease and claim statuses a decision implies (pure).
 //! - [`reconcile`]: the FencedLease reconciler, where a grant is written; [`claims`]: claims
-//!   of missing leases; [`pods`]: pod presence and token annotations; [`high_water`]: the
+//!   of missing leases ([`runner`] runs them); [`pods`]: pod presence and token annotations; [`high_water`]: the
 //!   finalizer that keeps tokens growing across deletion of a lease; [`orphans`]: token
 //!   annotations of leases that are gone; [`fence_binding`]: the admission policy binding
 //!   that fences a lease's Kubernetes objects (`spec.fenceObjects`).
@@ -17,6 +17,8 @@
 //!   [`sweep`]: every lease reconciled after a (re)list, a few at a time.
 
 pub mod backoff;
+pub mod cache;
+pub mod cached;
 pub mod claims;
 pub mod context;
 pub mod decide;
@@ -35,6 +37,7 @@ pub mod orphans;
 pub mod pods;
 pub mod reconcile;
 pub mod run;
+pub mod runner;
 pub mod status;
 pub mod sweep;
 pub mod token;

@@ -71,7 +71,7 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> super::error::Result<
         return Ok(());
     }
     let key = token_annotation_key(lease);
-    let Some(cached) = ctx.pods.get(&ObjectRef::new(pod).within(ns)) else {
+    let Some(cached) = ctx.pods.get(ns, pod) else {
         return Ok(());
     };
     if cached.token(lease).is_none() {

@@ -1,18 +1,17 @@
 //! Holder pods: whether the pod a claim names exists, and the token annotation on it.
 
-use std::borrow::Cow;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use kube::runtime::watcher;
 use serde_json::json;
 
+use super::cache::{Cache, Keyed};
+use super::cached::CachedClaim;
 use super::context::Context;
 use super::decide::PodPresence;
 use super::error::{Result, timed};
-use crate::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION_PREFIX, token_annotation_key};
+use crate::api::{FencedLease, TOKEN_ANNOTATION_PREFIX, token_annotation_key};
 
 /// What the operator keeps of a pod: its name, UID and version, and its token annotations.
 /// Pods are most of the objects it watches; kept as metadata objects, 10,000 of them took
@@ -75,65 +74,34 @@ pub fn slim(event: watcher::Event<PartialObjectMeta<Pod>>) -> watcher::Event<Cac
     }
 }
 
-/// Cached by namespace and name only: the store's keys do not copy the UID and version.
-impl Lookup for CachedPod {
-    type DynamicType = ();
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
+impl Keyed for CachedPod {
+    fn namespace(&self) -> &str {
+        &self.namespace
     }
 
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-
-    fn name(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.name))
-    }
-
-    fn namespace(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.namespace))
-    }
-
-    fn resource_version(&self) -> Option<Cow<'_, str>> {
-        None
-    }
-
-    fn uid(&self) -> Option<Cow<'_, str>> {
-        None
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 
 /// Does the pod `claim` names exist, as the cache says? `granted_to` is the pod UID its
 /// grant was made to, if it holds the lease.
 pub fn presence(
-    claim: &FencedLeaseClaim,
-    pods: &Store<CachedPod>,
+    claim: &CachedClaim,
+    pods: &Cache<CachedPod>,
     granted_to: Option<&str>,
 ) -> PodPresence {
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
         return PodPresence::NotNamed;
     };
-    presence_of(
-        claim,
-        pods.get(&ObjectRef::new(pod_name).within(ns)).as_deref(),
-        granted_to,
-    )
+    presence_of(claim, pods.get(ns, pod_name).as_deref(), granted_to)
 }
 
 /// Does the pod `claim` names exist, asking the API rather than the cache? For decisions
 /// that end a hold: a pod created after the cache last heard is not a deleted pod.
 pub async fn confirmed_presence(
     ctx: &Context,
-    claim: &FencedLeaseClaim,
+    claim: &CachedClaim,
     granted_to: Option<&str>,
 ) -> Result<PodPresence> {
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
@@ -150,31 +118,25 @@ pub async fn confirmed_presence(
 
 /// The UID of the pod a claim belongs to: its Pod ownerReference's, else the UID of the pod
 /// of that name now (from the cache). Recorded at the grant, checked on every later decision.
-pub fn pod_uid(claim: &FencedLeaseClaim, pods: &Store<CachedPod>) -> Option<String> {
+pub fn pod_uid(claim: &CachedClaim, pods: &Cache<CachedPod>) -> Option<String> {
     let (pod_name, ns) = (
         claim.spec.pod_name.as_ref()?,
         claim.metadata.namespace.as_ref()?,
     );
     owner_uid(claim)
         .map(str::to_owned)
-        .or_else(|| pods.get(&ObjectRef::new(pod_name).within(ns))?.uid.clone())
+        .or_else(|| pods.get(ns, pod_name)?.uid.clone())
 }
 
-fn owner_uid(claim: &FencedLeaseClaim) -> Option<&str> {
-    claim
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "Pod" && Some(&o.name) == claim.spec.pod_name.as_ref())
-        .map(|o| o.uid.as_str())
+fn owner_uid(claim: &CachedClaim) -> Option<&str> {
+    claim.pod_owner_uid.as_deref()
 }
 
 /// A pod of the claim's pod name with another UID than the one the claim is owned by, or
 /// the one its grant was made to, is a new pod (a StatefulSet replacement after a force
 /// delete, say): the claim's pod is gone, and the new one inherits nothing.
 fn presence_of(
-    claim: &FencedLeaseClaim,
+    claim: &CachedClaim,
     pod: Option<&CachedPod>,
     granted_to: Option<&str>,
 ) -> PodPresence {
@@ -220,7 +182,7 @@ pub async fn repair_annotations(
     names.dedup();
     let pods = names
         .iter()
-        .filter_map(|name| ctx.pods.get(&ObjectRef::new(name).within(ns)))
+        .filter_map(|name| ctx.pods.get(ns, name))
         .filter(|p| p.token(lease_name).is_some() || is_wanted(p));
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     for pod in pods {
@@ -314,9 +276,9 @@ mod tests {
         );
         assert_eq!(cached.token("db"), Some("12"));
         assert_eq!(cached.token("x"), None);
-        // Cached under its namespace and name alone.
-        let key = cached.to_object_ref(());
-        assert_eq!(key, ObjectRef::new("web-0").within("ns"));
-        assert!(key.extra.uid.is_none() && key.extra.resource_version.is_none());
+        assert_eq!(
+            (Keyed::namespace(&cached), Keyed::name(&cached)),
+            ("ns", "web-0")
+        );
     }
 }

@@ -11,12 +11,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
 use super::backoff::retry_delay;
+use super::cached::CachedClaim;
 use super::context::{Context, claim_reference};
 use super::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
 use super::error::{Error, Result, timed};
@@ -244,7 +244,7 @@ async fn holders_may_believe(
         };
         claims.extend(
             read.filter(|c| c.metadata.uid.as_deref() == Some(holder.claim_uid.as_str()))
-                .map(Arc::new),
+                .map(|c| Arc::new(c.into())),
         );
     }
     let now = Instant::now();
@@ -309,23 +309,18 @@ fn seconds(s: i32) -> Duration {
 }
 
 /// The claims of lease `ns/lease` in the cache, found by index.
-fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<FencedLeaseClaim>> {
+fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> {
     ctx.claims_by_lease
         .get(ns, lease)
         .into_iter()
-        .filter_map(|name| ctx.claims.get(&ObjectRef::new(&name).within(ns)))
+        .filter_map(|name| ctx.claims.get(ns, &name))
         .filter(|c| c.spec.lease_name == lease)
         .collect()
 }
 
 /// The lease's claims: the cache, overlaid with what this reconcile read from the API.
-fn current_claims(
-    ctx: &Context,
-    ns: &str,
-    lease: &str,
-    fresh: &Fresh,
-) -> Vec<Arc<FencedLeaseClaim>> {
-    let mut claims: Vec<Arc<FencedLeaseClaim>> = claims_of(ctx, ns, lease)
+fn current_claims(ctx: &Context, ns: &str, lease: &str, fresh: &Fresh) -> Vec<Arc<CachedClaim>> {
+    let mut claims: Vec<Arc<CachedClaim>> = claims_of(ctx, ns, lease)
         .into_iter()
         .filter(|c| {
             !c.metadata
@@ -446,7 +441,7 @@ async fn write_lease_status(
             view.high_water_mark = high_water::read(ctx, ns, name).await?;
             plan = decide(&view, &views, now, Timestamp::now().as_millisecond());
         }
-        let refs: Vec<&FencedLeaseClaim> = claims.iter().map(|c| c.as_ref()).collect();
+        let refs: Vec<&CachedClaim> = claims.iter().map(|c| c.as_ref()).collect();
         let granted = plan.grant.as_ref().and_then(|g| {
             claims
                 .iter()
@@ -507,7 +502,7 @@ async fn write_lease_status(
 }
 
 /// The highest token any `Granted` claim shows.
-fn newest_grant(claims: &[Arc<FencedLeaseClaim>]) -> i64 {
+fn newest_grant(claims: &[Arc<CachedClaim>]) -> i64 {
     claims
         .iter()
         .filter_map(|c| c.status.as_ref())
@@ -517,12 +512,7 @@ fn newest_grant(claims: &[Arc<FencedLeaseClaim>]) -> i64 {
         .unwrap_or(0)
 }
 
-fn claim_view(
-    ctx: &Context,
-    claim: &FencedLeaseClaim,
-    pod: PodPresence,
-    now: Instant,
-) -> ClaimView {
+fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant) -> ClaimView {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     ClaimView {
         name: claim.name_any(),
@@ -547,7 +537,7 @@ async fn confirm_holder(
     ns: &str,
     current: &FencedLeaseStatus,
     plan: &Plan,
-) -> Result<Option<(FencedLeaseClaim, PodPresence)>> {
+) -> Result<Option<(CachedClaim, PodPresence)>> {
     let (Some(ended), Some(holder)) = (&plan.ended, &current.holder) else {
         return Ok(None);
     };
@@ -564,6 +554,7 @@ async fn confirm_holder(
     else {
         return Ok(None); // really gone
     };
+    let claim = CachedClaim::from(claim);
     if claim.metadata.uid.as_deref() != Some(holder.claim_uid.as_str())
         || claim.metadata.deletion_timestamp.is_some()
     {
@@ -680,7 +671,7 @@ async fn repair_claims(
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
     let now = Timestamp::now();
     let holder = status.holder.as_ref();
-    let mut writes: Vec<(Arc<FencedLeaseClaim>, crate::api::FencedLeaseClaimStatus)> =
+    let mut writes: Vec<(Arc<CachedClaim>, crate::api::FencedLeaseClaimStatus)> =
         current_claims(ctx, ns, name, fresh)
             .into_iter()
             .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -702,7 +693,8 @@ async fn repair_claims(
                     .and_then(|h| h.pod_uid.as_deref());
                 let presence = pods::presence(&c, &ctx.pods, granted_to);
                 let desired = status::claim_status(&c, name, status, plan, presence, now);
-                (c.status.as_ref() != Some(&desired)).then_some((c, desired))
+                let same = c.status.as_ref().is_some_and(|s| *s == desired);
+                (!same).then_some((c, desired))
             })
             .collect();
     // Those that lose the lease first, so no moment shows two claims Granted; then the new
@@ -722,9 +714,8 @@ async fn repair_claims(
             .any(|c| c.type_ == "PodFound" && c.status == "False")
             && !claim
                 .status
-                .iter()
-                .flat_map(|s| &s.conditions)
-                .any(|c| c.type_ == "PodFound" && c.status == "False");
+                .as_ref()
+                .is_some_and(|s| s.has_condition("PodFound", "False"));
         let patch = json!({
             "apiVersion": "fencing.dev/v1alpha1",
             "kind": "FencedLeaseClaim",
@@ -755,7 +746,7 @@ async fn repair_claims(
         if was != became && became == Some(ClaimPhase::Granted) {
             let token = desired.fencing_token.unwrap_or_default();
             ctx.event(
-                &claim.object_ref(&()),
+                &claim.reference(),
                 EventType::Normal,
                 "Granted",
                 "Grant",
@@ -769,7 +760,7 @@ async fn repair_claims(
                 "Revoked"
             };
             ctx.event(
-                &claim.object_ref(&()),
+                &claim.reference(),
                 EventType::Warning,
                 reason,
                 "Hand-over",
@@ -778,7 +769,7 @@ async fn repair_claims(
         }
         if pod_missing_now {
             let pod = claim.spec.pod_name.clone().unwrap_or_default();
-            ctx.event(&claim.object_ref(&()), EventType::Warning, "PodNotFound", "Grant", format!("pod {pod} does not exist in namespace {ns}; the claim cannot hold lease {name} until it does"));
+            ctx.event(&claim.reference(), EventType::Warning, "PodNotFound", "Grant", format!("pod {pod} does not exist in namespace {ns}; the claim cannot hold lease {name} until it does"));
         }
     }
     Ok(())

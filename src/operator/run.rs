@@ -1,7 +1,8 @@
-//! Wiring: watches (metadata-only for pods, managedFields pruned everywhere), shared caches,
-//! and the two controllers. FencedLease is the primary object; claims and pods feed it.
+//! Wiring: watches (metadata-only for pods, managedFields pruned everywhere), the caches (kube-
+//! runtime's store for leases, which its controller needs; compact ones of our own for claims
+//! and pods), the lease controller and the runner of claims of missing leases. FencedLease is
+//! the primary object; claims and pods feed it.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,6 +20,8 @@ use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::cache::{Cache, Keyed};
+use super::cached::{CachedClaim, claim_event};
 use super::context::Context;
 use super::decode;
 use super::error::truncate;
@@ -58,7 +61,7 @@ const LEASE_CONCURRENCY: u16 = 32;
 /// while thousands are swept, or deleted).
 const SWEEP_CONCURRENCY: usize = 24;
 /// Claims reconciled at once (only claims of missing leases do any work).
-const CLAIM_CONCURRENCY: u16 = 8;
+const CLAIM_CONCURRENCY: usize = 8;
 
 fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
@@ -83,14 +86,6 @@ fn prune<K: Resource>(object: &mut K) {
     meta.self_link = None;
 }
 
-/// A claim's owners are read only for its pod's UID.
-fn prune_claim(claim: &mut FencedLeaseClaim) {
-    prune(claim);
-    if let Some(owners) = &mut claim.metadata.owner_references {
-        owners.retain(|o| o.kind == "Pod" && o.api_version == "v1");
-    }
-}
-
 fn prune_lease(lease: &mut FencedLease) {
     prune(lease);
     lease.metadata.owner_references = None;
@@ -100,7 +95,7 @@ fn prune_lease(lease: &mut FencedLease) {
 /// claims name it (found by index, not by a scan of every claim).
 fn leases_of_pod(
     pod: &CachedPod,
-    claims: &Store<FencedLeaseClaim>,
+    claims: &Cache<CachedClaim>,
     claims_by_pod: &Index,
 ) -> Vec<ObjectRef<FencedLease>> {
     let (ns, name) = (pod.namespace.as_str(), pod.name.as_str());
@@ -111,7 +106,7 @@ fn leases_of_pod(
     let claimed = claims_by_pod
         .get(ns, name)
         .into_iter()
-        .filter_map(|claim| claims.get(&ObjectRef::new(&claim).within(ns)))
+        .filter_map(|claim| claims.get(ns, &claim))
         .filter(|c| c.spec.pod_name.as_deref() == Some(name))
         .map(|c| ObjectRef::new(&c.spec.lease_name).within(ns));
     annotated.chain(claimed).collect()
@@ -119,24 +114,13 @@ fn leases_of_pod(
 
 /// Keeps `index` in step with a watch of objects keyed by `keys`: set on apply, removed on
 /// delete, rebuilt from `store` when a relist completes.
-fn index_event<K>(
+fn index_event<K: Keyed + Clone>(
     index: &Index,
-    store: &Store<K>,
+    store: &Cache<K>,
     event: &watcher::Event<K>,
     keys: impl Fn(&K) -> Vec<String>,
-) where
-    K: reflector::Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
-{
-    use reflector::Lookup;
-    let id = |o: &K| {
-        (
-            Lookup::namespace(o)
-                .map(Cow::into_owned)
-                .unwrap_or_default(),
-            Lookup::name(o).map(Cow::into_owned).unwrap_or_default(),
-        )
-    };
+) {
+    let id = |o: &K| (o.namespace().to_owned(), o.name().to_owned());
     match event {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
             let (ns, name) = id(o);
@@ -226,7 +210,7 @@ pub async fn run(
     let (sweep_requests, sweep_request_events) = tokio::sync::mpsc::channel::<()>(1);
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel::<Orphan>();
     // Not shared: no controller subscribes to pods; their events become lease triggers here.
-    let (pod_store, pod_writer) = reflector::store::<CachedPod>();
+    let (pod_store, mut pod_writer) = Cache::<CachedPod>::new();
     let pods_by_lease = Arc::new(Index::default());
     let written = Arc::new(Written::default());
     let wakeups = Arc::new(Wakeups::default());
@@ -284,16 +268,17 @@ pub async fn run(
     // Claim and pod events, deletions included: a deleted claim or pod is exactly what must
     // hand a lease over at once.
     let heartbeats = Arc::new(Heartbeats::default());
-    let (claim_store, claim_writer) = reflector::store::<FencedLeaseClaim>();
+    // Claims as `CachedClaim`s: what decisions read, compacted (see `cached`).
+    let (claim_store, mut claim_writer) = Cache::<CachedClaim>::new();
     // The claim reconciler acts only on a claim whose lease the cache lacks; the others are
     // not queued for it (each heartbeat is a change, and after a list every claim is one:
     // 10,000 of them queued at once held ~6 MiB of scheduler slots after a start over 10,000
     // leases). Until the leases are listed, every claim is queued.
     let (claim_triggers, claim_trigger_events) =
-        tokio::sync::mpsc::unbounded_channel::<ObjectRef<FencedLeaseClaim>>();
+        tokio::sync::mpsc::unbounded_channel::<claims::ClaimKey>();
     let lacks_lease = {
         let (leases, listed) = (lease_store.clone(), leases_listed.clone());
-        move |claim: &FencedLeaseClaim| {
+        move |claim: &CachedClaim| {
             !listed.load(Ordering::Acquire)
                 || claim.metadata.namespace.as_deref().is_none_or(|ns| {
                     let lease = ObjectRef::<FencedLease>::new(&claim.spec.lease_name).within(ns);
@@ -307,17 +292,21 @@ pub async fn run(
     let claims_by_pod = Arc::new(Index::default());
     let claims_stream =
         decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
-            .modify(prune_claim)
-            .reflect(claim_writer)
+            .map_ok(claim_event)
+            .inspect_ok(move |event| claim_writer.apply(event))
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
                 let claim_sweeps = sweep_requests.clone();
                 let (by_lease, by_pod) = (claims_by_lease.clone(), claims_by_pod.clone());
                 let store = claim_store.clone();
                 let written = written.clone();
+                let claim_triggers = claim_triggers.clone();
                 move |event| {
                     let changed = observe_heartbeats(&observer, event);
-                    caught_up(&written, event);
+                    if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) = event {
+                        let meta = &c.metadata;
+                        written.seen(meta.uid.as_deref(), meta.resource_version.as_deref());
+                    }
                     if let watcher::Event::Delete(claim) = event
                         && let Some(uid) = &claim.metadata.uid
                     {
@@ -337,7 +326,11 @@ pub async fn run(
                     if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = event
                         && lacks_lease(claim)
                     {
-                        let _ = claim_triggers.send(ObjectRef::from_obj(claim));
+                        let key = (
+                            Keyed::namespace(claim).to_owned(),
+                            Keyed::name(claim).to_owned(),
+                        );
+                        let _ = claim_triggers.send(key);
                     }
                     for claim in touched(event) {
                         // A heartbeat alone only moves the holder's deadline later: the lease's
@@ -369,34 +362,36 @@ pub async fn run(
     let pod_watch = watcher(api::<PartialObjectMeta<Pod>>(&client, ns), wc)
         .default_backoff()
         .map_ok(pods::slim);
-    let pods = reflector::reflector(pod_writer, pod_watch).inspect_ok(move |event| {
-        if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
-            pod_writes.seen(pod.uid.as_deref(), pod.resource_version.as_deref());
-        }
-        if let watcher::Event::Delete(pod) = event
-            && let Some(uid) = &pod.uid
-        {
-            pod_writes.forget(uid);
-        }
-        index_event(&by_annotation, &pod_cache, event, CachedPod::leases);
-        if matches!(event, watcher::Event::InitDone) {
-            let _ = pod_sweeps.try_send(());
-        }
-        for pod in touched(event) {
-            for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
-                if leases_for_pods.get(&lease).is_none() && pod.token(&lease.name).is_some() {
-                    let _ = orphan_tx.send(Orphan {
-                        namespace: lease.namespace.clone().unwrap_or_default(),
-                        pod: pod.name.clone(),
-                        lease: lease.name.clone(),
-                    });
-                }
-                if !is_listed(event) {
-                    let _ = lease_triggers.send(lease);
+    let pods = pod_watch
+        .inspect_ok(move |event| pod_writer.apply(event))
+        .inspect_ok(move |event| {
+            if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
+                pod_writes.seen(pod.uid.as_deref(), pod.resource_version.as_deref());
+            }
+            if let watcher::Event::Delete(pod) = event
+                && let Some(uid) = &pod.uid
+            {
+                pod_writes.forget(uid);
+            }
+            index_event(&by_annotation, &pod_cache, event, CachedPod::leases);
+            if matches!(event, watcher::Event::InitDone) {
+                let _ = pod_sweeps.try_send(());
+            }
+            for pod in touched(event) {
+                for lease in leases_of_pod(pod, &claims_for_pods, &by_pod) {
+                    if leases_for_pods.get(&lease).is_none() && pod.token(&lease.name).is_some() {
+                        let _ = orphan_tx.send(Orphan {
+                            namespace: lease.namespace.clone().unwrap_or_default(),
+                            pod: pod.name.clone(),
+                            lease: lease.name.clone(),
+                        });
+                    }
+                    if !is_listed(event) {
+                        let _ = lease_triggers.send(lease);
+                    }
                 }
             }
-        }
-    });
+        });
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -438,7 +433,7 @@ pub async fn run(
     let (ls, cs, ps) = (lease_store.clone(), claim_store.clone(), pod_store.clone());
     tokio::spawn(async move {
         let started = Instant::now();
-        let (l, c, p) = futures::join!(wait_synced(&ls), wait_synced(&cs), wait_synced(&ps));
+        let (l, c, p) = futures::join!(wait_synced(&ls), cs.ready(), ps.ready());
         match (l, c, p) {
             (Ok(()), Ok(()), Ok(())) => {
                 sync_ctx.synced.store(true, Ordering::Release);
@@ -496,28 +491,19 @@ pub async fn run(
             future::ready(())
         });
 
-    let claim_controller = Controller::for_stream(futures::stream::pending(), claim_store)
-        .with_config(controller::Config::default().concurrency(CLAIM_CONCURRENCY))
-        .reconcile_on(tokio_stream_from(claim_trigger_events))
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(claims::reconcile, claims::error_policy, ctx.clone())
-        .for_each(|result| {
-            // Deleted since it was queued: nothing to do.
-            if let Err(e) = result
-                && !matches!(
-                    e,
-                    kube::runtime::controller::Error::ReconcilerFailed(..)
-                        | kube::runtime::controller::Error::ObjectNotFound(..)
-                )
-            {
-                warn!(error = %e, "claim controller");
-            }
-            future::ready(())
-        });
+    // Claims of missing leases: not kube-runtime's controller, which needs the full API type.
+    let claim_runner = tokio::spawn(claims::run(
+        ctx.clone(),
+        CLAIM_CONCURRENCY,
+        claim_trigger_events,
+        claim_triggers,
+        stop.clone(),
+    ));
 
     info!(namespace = ?settings.namespace, "controllers started");
-    future::join(lease_controller, claim_controller).await;
+    lease_controller.await;
     stop.cancel();
+    let _ = claim_runner.await;
     for watch in watches {
         let _ = watch.await;
     }
@@ -607,13 +593,15 @@ fn tokio_stream_from<T: Send + 'static>(
 
 /// Records the heartbeats a claim watch event shows; returns whether it changed anything of a
 /// claim besides its heartbeat (a new claim, a deleted one, a status or spec change).
-fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeaseClaim>) -> bool {
+fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<CachedClaim>) -> bool {
     let now = Instant::now();
     tracing::trace!(event = ?std::mem::discriminant(event), "claim event");
     match event {
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
             match &claim.metadata.uid {
-                Some(uid) => heartbeats.observe_claim(uid, beat_of(claim), fingerprint(claim), now),
+                Some(uid) => {
+                    heartbeats.observe_claim(uid, beat_of(&claim.spec), fingerprint(claim), now)
+                }
                 None => true,
             }
         }
@@ -633,48 +621,18 @@ fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<FencedLeas
 }
 
 /// A hash of everything a lease's decision reads of a claim except its heartbeat.
-fn fingerprint(claim: &FencedLeaseClaim) -> u64 {
+fn fingerprint(claim: &CachedClaim) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     claim.spec.lease_name.hash(&mut h);
     claim.spec.pod_name.hash(&mut h);
     claim.metadata.deletion_timestamp.is_some().hash(&mut h);
-    for owner in claim.metadata.owner_references.iter().flatten() {
-        (&owner.kind, &owner.name, &owner.uid).hash(&mut h);
-    }
-    serde_json::to_string(&claim.status)
-        .unwrap_or_default()
-        .hash(&mut h);
+    claim.pod_owner_uid.hash(&mut h);
+    claim.status.hash(&mut h);
     h.finish()
 }
 
 /// Pods of namespace `ns` carrying the token annotation of lease `lease`, by index.
 fn annotated_pods(pods_by_lease: &Index, ns: &str, lease: &str) -> Vec<String> {
     pods_by_lease.get(ns, lease)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cached_claim_keeps_its_pod_owner_only() {
-        let mut claim: FencedLeaseClaim = serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
-            "metadata": {
-                "name": "c", "namespace": "ns", "labels": {"a": "b"},
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "uid": "p"},
-                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "r"}
-                ]
-            },
-            "spec": {"leaseName": "db", "holderIdentity": "web-0"}
-        }))
-        .unwrap();
-        prune_claim(&mut claim);
-        let owners = claim.metadata.owner_references.unwrap_or_default();
-        assert_eq!(owners.len(), 1);
-        assert_eq!(owners[0].kind, "Pod");
-        assert!(claim.metadata.labels.is_none());
-    }
 }

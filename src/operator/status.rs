@@ -4,9 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{
-    ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHolder,
-};
+use super::cached::CachedClaim;
+use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHolder};
 
 use super::decide::{EndReason, Plan, PodPresence};
 
@@ -34,7 +33,7 @@ pub struct Term {
 pub fn lease_status(
     current: &FencedLeaseStatus,
     plan: &Plan,
-    claims: &[&FencedLeaseClaim],
+    claims: &[&CachedClaim],
     term: &Term,
     generation: Option<i64>,
     now: Timestamp,
@@ -108,7 +107,7 @@ pub fn lease_status(
 
 /// What the claim's status should say, given the lease status after the plan.
 pub fn claim_status(
-    claim: &FencedLeaseClaim,
+    claim: &CachedClaim,
     lease_name: &str,
     lease: &FencedLeaseStatus,
     plan: &Plan,
@@ -116,7 +115,7 @@ pub fn claim_status(
     now: Timestamp,
 ) -> FencedLeaseClaimStatus {
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let current = claim.status.clone().unwrap_or_default();
+    let current = claim.full_status();
     let mut next = FencedLeaseClaimStatus {
         observed_generation: CLAIM_GENERATION,
         conditions: current.conditions.clone(),
@@ -215,11 +214,10 @@ pub fn claim_status(
 /// The status of a claim whose heartbeat stopped, confirmed: `Expired`, for good. A holder
 /// keeps its token and grant time in the record; a waiter loses its place.
 pub fn expired_status(
-    claim: &FencedLeaseClaim,
+    current: FencedLeaseClaimStatus,
     lease_name: &str,
     holder: bool,
 ) -> FencedLeaseClaimStatus {
-    let current = claim.status.clone().unwrap_or_default();
     let message = if holder {
         ended_message(EndReason::Expired, lease_name)
     } else {
@@ -282,10 +280,10 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::api::FencedLeaseClaimSpec;
+    use crate::api::{FencedLeaseClaim, FencedLeaseClaimSpec};
     use crate::operator::decide::{Ended, Grant};
 
-    fn claim(name: &str, phase: Option<ClaimPhase>) -> FencedLeaseClaim {
+    fn claim(name: &str, phase: Option<ClaimPhase>) -> CachedClaim {
         let mut c = FencedLeaseClaim::new(
             name,
             FencedLeaseClaimSpec {
@@ -300,7 +298,7 @@ mod tests {
             phase: Some(p),
             ..Default::default()
         });
-        c
+        c.into()
     }
 
     fn plan() -> Plan {
