@@ -479,7 +479,7 @@ pub async fn run(
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| {
             match result {
-                // A claim names a lease that does not exist: the claim controller reports it.
+                // A claim names a lease that does not exist: the claim runner reports it.
                 Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
                     tracing::debug!(lease = %obj, "no such lease")
                 }
