@@ -10,8 +10,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 
 use fenced_lease::api::FencedLeaseClaim;
-use fenced_lease::operator::cache::Cache;
-use fenced_lease::operator::cached::{CachedClaim, claim_event};
+use fenced_lease::operator::cache::{Cache, map_event};
+use fenced_lease::operator::cached::CachedClaim;
 use fenced_lease::operator::decode::decode_event;
 use fenced_lease::operator::pods::CachedPod;
 use kube::api::DynamicObject;
@@ -104,7 +104,7 @@ fn a_cached_claim_and_a_cached_pod_stay_within_their_heap_budgets() {
         for i in 0..N {
             let event = decode_event::<FencedLeaseClaim>(Event::Apply(claim(i)), &ignore)
                 .expect("a readable claim");
-            writer.apply(&claim_event(event));
+            writer.apply(&map_event(event, CachedClaim::from));
         }
         (cache, writer)
     });

@@ -10,6 +10,17 @@ use std::sync::{Arc, RwLock};
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
+/// A watch event with its object turned into the type it is cached as.
+pub fn map_event<A, B>(event: watcher::Event<A>, into: impl FnOnce(A) -> B) -> watcher::Event<B> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(into(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(into(o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(into(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// Where an object is cached.
 pub trait Keyed {
     fn namespace(&self) -> &str;

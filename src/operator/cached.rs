@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::runtime::watcher;
 
 use super::cache::Keyed;
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseClaimStatus};
@@ -226,10 +225,6 @@ impl CachedClaim {
             .unwrap_or_default()
     }
 
-    pub fn phase(&self) -> Option<ClaimPhase> {
-        self.status.as_ref().and_then(|s| s.phase)
-    }
-
     pub fn name_any(&self) -> String {
         self.metadata.name.clone().unwrap_or_default()
     }
@@ -255,17 +250,6 @@ impl Keyed for CachedClaim {
 
     fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
-    }
-}
-
-/// A watch event of claims, as cached.
-pub fn claim_event(event: watcher::Event<FencedLeaseClaim>) -> watcher::Event<CachedClaim> {
-    match event {
-        watcher::Event::Apply(c) => watcher::Event::Apply(c.into()),
-        watcher::Event::Delete(c) => watcher::Event::Delete(c.into()),
-        watcher::Event::InitApply(c) => watcher::Event::InitApply(c.into()),
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 

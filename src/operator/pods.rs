@@ -3,7 +3,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::watcher;
 use serde_json::json;
 
 use super::cache::{Cache, Keyed};
@@ -63,17 +62,6 @@ impl CachedPod {
     }
 }
 
-/// A watch event of pod metadata, as cached.
-pub fn slim(event: watcher::Event<PartialObjectMeta<Pod>>) -> watcher::Event<CachedPod> {
-    match event {
-        watcher::Event::Apply(p) => watcher::Event::Apply(CachedPod::from_meta(p)),
-        watcher::Event::Delete(p) => watcher::Event::Delete(CachedPod::from_meta(p)),
-        watcher::Event::InitApply(p) => watcher::Event::InitApply(CachedPod::from_meta(p)),
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitDone => watcher::Event::InitDone,
-    }
-}
-
 impl Keyed for CachedPod {
     fn namespace(&self) -> &str {
         &self.namespace
@@ -123,13 +111,11 @@ pub fn pod_uid(claim: &CachedClaim, pods: &Cache<CachedPod>) -> Option<String> {
         claim.spec.pod_name.as_ref()?,
         claim.metadata.namespace.as_ref()?,
     );
-    owner_uid(claim)
+    claim
+        .pod_owner_uid
+        .as_deref()
         .map(str::to_owned)
         .or_else(|| pods.get(ns, pod_name)?.uid.clone())
-}
-
-fn owner_uid(claim: &CachedClaim) -> Option<&str> {
-    claim.pod_owner_uid.as_deref()
 }
 
 /// A pod of the claim's pod name with another UID than the one the claim is owned by, or
@@ -144,7 +130,7 @@ fn presence_of(
         return PodPresence::Missing;
     };
     let uid = pod.uid.as_deref();
-    let expected = [owner_uid(claim), granted_to];
+    let expected = [claim.pod_owner_uid.as_deref(), granted_to];
     if expected.iter().flatten().any(|want| uid != Some(*want)) {
         PodPresence::Missing
     } else {

@@ -20,8 +20,8 @@ use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cache::{Cache, Keyed};
-use super::cached::{CachedClaim, claim_event};
+use super::cache::{Cache, Keyed, map_event};
+use super::cached::CachedClaim;
 use super::context::Context;
 use super::decode;
 use super::error::truncate;
@@ -30,7 +30,7 @@ use super::heartbeat::{Heartbeats, beat_of};
 use super::index::Index;
 use super::metrics::Metrics;
 use super::orphans::{self, Orphan};
-use super::pods::{self, CachedPod};
+use super::pods::CachedPod;
 use super::sweep;
 use super::wakeups::Wakeups;
 use super::written::Written;
@@ -139,12 +139,15 @@ fn index_event<K: Keyed + Clone>(
 }
 
 /// A watch event shows the cache past the operator's own write of an object: its record goes.
-fn caught_up<K: Resource>(written: &Written, event: &watcher::Event<K>) {
+/// `version` gives an object's UID and resourceVersion.
+fn caught_up<K>(
+    written: &Written,
+    event: &watcher::Event<K>,
+    version: impl Fn(&K) -> (Option<&str>, Option<&str>),
+) {
     if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
-        written.seen(
-            o.meta().uid.as_deref(),
-            o.meta().resource_version.as_deref(),
-        );
+        let (uid, resource_version) = version(o);
+        written.seen(uid, resource_version);
     }
 }
 
@@ -223,7 +226,12 @@ pub async fn run(
             wakeups.clone(),
         );
         move |event: &watcher::Event<FencedLease>| {
-            caught_up(&written, event);
+            caught_up(&written, event, |l| {
+                (
+                    l.metadata.uid.as_deref(),
+                    l.metadata.resource_version.as_deref(),
+                )
+            });
             if let watcher::Event::Delete(lease) = event {
                 if let Some(uid) = &lease.metadata.uid {
                     written.forget(uid);
@@ -292,7 +300,7 @@ pub async fn run(
     let claims_by_pod = Arc::new(Index::default());
     let claims_stream =
         decode::watch::<FencedLeaseClaim>(client.clone(), ns.clone(), wc.clone(), unreadable)
-            .map_ok(claim_event)
+            .map_ok(|event| map_event(event, CachedClaim::from))
             .inspect_ok(move |event| claim_writer.apply(event))
             .inspect_ok({
                 let lease_triggers = lease_triggers.clone();
@@ -303,10 +311,12 @@ pub async fn run(
                 let claim_triggers = claim_triggers.clone();
                 move |event| {
                     let changed = observe_heartbeats(&observer, event);
-                    if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) = event {
-                        let meta = &c.metadata;
-                        written.seen(meta.uid.as_deref(), meta.resource_version.as_deref());
-                    }
+                    caught_up(&written, event, |c| {
+                        (
+                            c.metadata.uid.as_deref(),
+                            c.metadata.resource_version.as_deref(),
+                        )
+                    });
                     if let watcher::Event::Delete(claim) = event
                         && let Some(uid) = &claim.metadata.uid
                     {
@@ -361,13 +371,13 @@ pub async fn run(
     );
     let pod_watch = watcher(api::<PartialObjectMeta<Pod>>(&client, ns), wc)
         .default_backoff()
-        .map_ok(pods::slim);
+        .map_ok(|event| map_event(event, CachedPod::from_meta));
     let pods = pod_watch
         .inspect_ok(move |event| pod_writer.apply(event))
         .inspect_ok(move |event| {
-            if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
-                pod_writes.seen(pod.uid.as_deref(), pod.resource_version.as_deref());
-            }
+            caught_up(&pod_writes, event, |p| {
+                (p.uid.as_deref(), p.resource_version.as_deref())
+            });
             if let watcher::Event::Delete(pod) = event
                 && let Some(uid) = &pod.uid
             {
