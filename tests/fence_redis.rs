@@ -1,23 +1,33 @@
 //! Redis keys fenced by the server (feature `redis`), against a real redis-server started by
-//! hack/datastores.
+//! hack/datastores: through the Rust guard, and through redis-cli, the client of any
+//! language, calling the Redis Function library of fence/redis/.
 
 mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use common::fence::datastores;
+use common::repo_root;
 use fenced_lease::fence::Error;
-use fenced_lease::fence::redis::{call, fence_key, set};
+use fenced_lease::fence::redis::{FENCED_CODE, call, fence_key, load, set};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
-async fn connect() -> MultiplexedConnection {
-    redis::Client::open(datastores().redis.as_str())
+async fn connect_to(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .expect("connect to Redis")
+}
+
+async fn connect() -> MultiplexedConnection {
+    let mut conn = connect_to(&datastores().redis).await;
+    // The library as it is in the repository now, not as an earlier run left it.
+    load(&mut conn).await.unwrap();
+    conn
 }
 
 fn key(what: &str) -> String {
@@ -123,4 +133,186 @@ async fn concurrent_writers_never_leave_a_lower_token_after_a_higher_one() {
     let refused = refused.load(Ordering::Relaxed);
     assert!(refused > 0, "no write was refused, so nothing was tested");
     assert_eq!(accepted.len() + refused, 100);
+}
+
+/// Runs redis-cli against the test server; returns what it printed (redis-cli exits 0 on an
+/// error reply, and prints it as the reply).
+async fn redis_cli(args: &[&str], stdin: Option<&str>) -> String {
+    let file = stdin.map(|path| std::fs::File::open(repo_root().join(path)).unwrap());
+    let out = tokio::process::Command::new("redis-cli")
+        .args(["-u", &datastores().redis])
+        .args(args)
+        .stdin(file.map_or_else(std::process::Stdio::null, Into::into))
+        .output()
+        .await
+        .expect("run redis-cli");
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `FCALL <function> 2 <key> <fence key> <args...>` with redis-cli.
+async fn fcall_cli(function: &str, key: &str, args: &[&str]) -> String {
+    let fence = fence_key(key).unwrap();
+    let mut all = vec!["FCALL", function, "2", key, &fence];
+    all.extend_from_slice(args);
+    redis_cli(&all, None).await
+}
+
+#[tokio::test]
+async fn redis_cli_loads_the_library_and_gets_the_same_refusal_as_the_rust_guard() {
+    let loaded = redis_cli(
+        &["-x", "FUNCTION", "LOAD", "REPLACE"],
+        Some("fence/redis/fenced_lease.lua"),
+    )
+    .await;
+    assert_eq!(loaded, "fenced_lease");
+    let mut conn = connect_to(&datastores().redis).await;
+    let payout = key("payout");
+    assert_eq!(fcall_cli("fenced_set", &payout, &["5", "a"]).await, "OK");
+    assert_eq!(
+        fcall_cli("fenced_set", &payout, &["5", "a again"]).await,
+        "OK"
+    );
+    assert_eq!(fcall_cli("fenced_set", &payout, &["7", "b"]).await, "OK");
+    assert_eq!(
+        fcall_cli("fenced_set", &payout, &["6", "stale"]).await,
+        "FENCED 6 7"
+    );
+    let malformed = fcall_cli("fenced_set", &payout, &["06", "stale"]).await;
+    assert!(
+        malformed.starts_with("ERR invalid fencing token 06"),
+        "{malformed}"
+    );
+    assert_eq!(
+        fcall_cli("fenced_call", &payout, &["6", "DEL"]).await,
+        "FENCED 6 7"
+    );
+    let value: String = conn.get(&payout).await.unwrap();
+    assert_eq!(value, "b");
+
+    // The Rust guard, and a plain FCALL from this client, are refused alike.
+    let guard = set(&mut conn, &payout, "stale", 6).await;
+    assert!(
+        matches!(
+            guard,
+            Err(Error::Fenced {
+                presented: 6,
+                highest: 7
+            })
+        ),
+        "{guard:?}"
+    );
+    let raw = redis::cmd("FCALL")
+        .arg(&[
+            "fenced_set",
+            "2",
+            &payout,
+            &fence_key(&payout).unwrap(),
+            "6",
+            "x",
+        ])
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .expect_err("a plain FCALL with a stale token");
+    assert_eq!(
+        format!("{} {}", raw.code().unwrap(), raw.detail().unwrap()),
+        format!("{FENCED_CODE} 6 7")
+    );
+
+    // The guard writes 8; redis-cli, still at 7, is now the stale one.
+    let list = key("{payouts}");
+    call(&mut conn, &list, 8, &["RPUSH", "by the guard"])
+        .await
+        .unwrap();
+    assert_eq!(
+        fcall_cli("fenced_call", &list, &["7", "RPUSH", "stale"]).await,
+        "FENCED 7 8"
+    );
+    assert_eq!(
+        fcall_cli("fenced_call", &list, &["8", "RPUSH", "by redis-cli"]).await,
+        "2"
+    );
+    // A fence key of the caller's own invention is refused: every client shares one.
+    let wrong = redis_cli(
+        &["FCALL", "fenced_call", "2", &list, "elsewhere", "9", "DEL"],
+        None,
+    )
+    .await;
+    assert!(wrong.starts_with("ERR the fence key of"), "{wrong}");
+    let written: Vec<String> = conn.lrange(&list, 0, -1).await.unwrap();
+    assert_eq!(written, ["by the guard", "by redis-cli"]);
+}
+
+#[tokio::test]
+async fn the_rust_guard_loads_the_library_where_it_is_missing() {
+    // A server of this test's own: functions are server-wide.
+    let dir = std::env::temp_dir().join(format!("fence-redis-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("redis.sock");
+    let mut server = tokio::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--unixsocket",
+        ])
+        .arg(&socket)
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start redis-server");
+    let url = format!("unix://{}", socket.display());
+    let mut conn = None;
+    for _ in 0..100 {
+        if let Ok(client) = redis::Client::open(url.as_str())
+            && let Ok(c) = client.get_multiplexed_async_connection().await
+        {
+            conn = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut conn = conn.expect("the test's redis-server answers");
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(libraries, redis::Value::Array(vec![]));
+
+    set(&mut conn, "payout:42", "b", 7)
+        .await
+        .expect("the first write loads the library");
+    let stale = set(&mut conn, "payout:42", "stale", 6).await;
+    assert!(
+        matches!(
+            stale,
+            Err(Error::Fenced {
+                presented: 6,
+                highest: 7
+            })
+        ),
+        "{stale:?}"
+    );
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    call(&mut conn, "payout:42", 8, &["APPEND", "c"])
+        .await
+        .expect("the write loads the library again");
+    let value: String = conn.get("payout:42").await.unwrap();
+    assert_eq!(value, "bc");
+    server.kill().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,9 +5,11 @@
 //!
 //! - [`kube`]: Kubernetes objects, checked by the apiserver itself (ValidatingAdmissionPolicy,
 //!   `deploy/admission/fence-policy.yaml`); helpers stamp the lease label and token annotation.
-//! - `postgres` (feature `postgres`): `UPDATE ... WHERE key AND fence_token <= $token`, an
-//!   upsert, and a guard for a whole transaction.
-//! - `redis` (feature `redis`): a Lua script that compares and writes in one step.
+//! - `postgres` (feature `postgres`): SQL the database enforces for any client
+//!   (`fence/postgres/`: a check function and a trigger); an update, an upsert, and a guard
+//!   for a whole transaction.
+//! - `redis` (feature `redis`): a Redis Function library any client can `FCALL`
+//!   (`fence/redis/`), comparing and writing in one step.
 //!
 //! Every guard reports a stale writer the same way: [`Error::Fenced`].
 
@@ -54,11 +56,11 @@ pub enum Error {
     /// PostgreSQL failed the statement (not a fencing refusal).
     #[cfg(feature = "postgres")]
     #[error("PostgreSQL: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
+    Postgres(#[source] tokio_postgres::Error),
     /// Redis failed the command (not a fencing refusal).
     #[cfg(feature = "redis")]
     #[error("Redis: {0}")]
-    Redis(#[from] ::redis::RedisError),
+    Redis(#[source] ::redis::RedisError),
 }
 
 impl Error {

@@ -1,22 +1,28 @@
 //! PostgreSQL rows fenced by the database itself (feature `postgres`, on `tokio-postgres`).
 //!
-//! Each fenced row carries the highest token that wrote it, in the column [`FENCE_COLUMN`]
-//! (added by [`FencedTable::add_fence_column`]). A write is one conditional statement,
+//! The check is SQL shipped in this repository, [`MIGRATION`]
+//! (`fence/postgres/001_fenced_lease.sql`), so that every client gets it, whatever its
+//! language: the schema `fenced_lease` with the check `fenced_lease.accept(highest, token)`
+//! and a trigger, installed on a table by `fenced_lease.enable(table)`, that refuses any
+//! write presenting a token lower than the row's. Each fenced row carries the highest token
+//! that wrote it, in the column [`FENCE_COLUMN`]. A write here is one statement,
 //!
 //! ```sql
-//! UPDATE t SET c1 = $1, ..., fence_token = $t WHERE key = $k AND fence_token <= $t
+//! UPDATE t SET fence_token = fenced_lease.accept(fence_token, $t), c1 = $1, ... WHERE key = $k
 //! ```
 //!
-//! so the check and the write are one atomic step; zero rows means a higher token wrote
-//! first ([`Error::Fenced`]). A write that is more than one statement starts its transaction
-//! with that statement ([`FencedTable::begin`]): the row lock it takes holds until commit, so
-//! every other writer of the row waits, and the whole transaction is fenced by one check.
+//! so the check runs on the locked row and the check and the write are one atomic step. The
+//! database refuses a lower token with SQLSTATE `FL001` ([`FENCED_SQLSTATE`]), which becomes
+//! [`Error::Fenced`] (so does the same refusal of any statement of yours converted with `?`).
+//! A write that is more than one statement starts its transaction with that statement
+//! ([`FencedTable::begin`]): the row lock it takes holds until commit, so every other writer of
+//! the row waits, and the whole transaction is fenced by one check.
 //!
 //! ```no_run
 //! # async fn demo(client: &mut tokio_postgres::Client, token: i64) -> Result<(), fenced_lease::fence::Error> {
 //! use fenced_lease::fence::postgres::FencedTable;
 //! let payouts = FencedTable::new("payouts", &["account"]);
-//! payouts.add_fence_column(&*client).await?;
+//! payouts.add_fence_column(&*client).await?; // installs the migration if missing, enables the table
 //! payouts.update(&*client, &[&42_i64], &[("paid_by", &"worker-a")], token).await?;
 //!
 //! let tx = payouts.begin(client, &[&42_i64], token).await?; // row locked, token checked and recorded
@@ -26,6 +32,8 @@
 //! ```
 
 use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, Transaction};
@@ -34,6 +42,63 @@ use super::{Error, check_token};
 
 /// The column holding the highest token accepted for a row.
 pub const FENCE_COLUMN: &str = "fence_token";
+
+/// The SQL that fences rows in the database: `fence/postgres/001_fenced_lease.sql`.
+/// Idempotent; run it in one transaction ([`install`] does).
+pub const MIGRATION: &str = include_str!("../../fence/postgres/001_fenced_lease.sql");
+
+/// The SQLSTATE of a refused token; its DETAIL reads `presented=<token> highest=<token>`.
+pub const FENCED_SQLSTATE: &str = "FL001";
+
+/// Installs (or upgrades) the schema `fenced_lease`: runs [`MIGRATION`] as one transaction
+/// (or within the caller's). Needs the privilege to create a schema in the database.
+pub async fn install(client: &impl GenericClient) -> Result<(), Error> {
+    client.batch_execute(MIGRATION).await?;
+    Ok(())
+}
+
+/// Installs [`MIGRATION`] unless `fenced_lease.accept` exists already.
+async fn install_if_missing(client: &impl GenericClient) -> Result<(), Error> {
+    let installed: bool = client
+        .query_one(
+            "SELECT to_regprocedure('fenced_lease.accept(bigint,bigint)') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !installed {
+        install(client).await?;
+    }
+    Ok(())
+}
+
+/// The tokens of a refusal's DETAIL, `presented=<token> highest=<token>`.
+fn refused_tokens(detail: &str) -> Option<(i64, i64)> {
+    let (mut presented, mut highest) = (None, None);
+    for field in detail.split_whitespace() {
+        match field.split_once('=') {
+            Some(("presented", value)) => presented = value.parse().ok(),
+            Some(("highest", value)) => highest = value.parse().ok(),
+            _ => {}
+        }
+    }
+    Some((presented?, highest?))
+}
+
+/// A refusal by the database (SQLSTATE `FL001`) is [`Error::Fenced`]; anything else is
+/// [`Error::Postgres`].
+impl From<tokio_postgres::Error> for Error {
+    fn from(error: tokio_postgres::Error) -> Self {
+        let refused = error
+            .as_db_error()
+            .filter(|db| db.code().code() == FENCED_SQLSTATE)
+            .and_then(|db| refused_tokens(db.detail()?));
+        match refused {
+            Some((presented, highest)) => Error::Fenced { presented, highest },
+            None => Error::Postgres(error),
+        }
+    }
+}
 
 /// A value to bind to a statement parameter.
 pub type Value<'a> = &'a (dyn ToSql + Sync);
@@ -44,6 +109,8 @@ pub type Value<'a> = &'a (dyn ToSql + Sync);
 pub struct FencedTable {
     table: String,
     key_columns: Vec<String>,
+    /// Whether this table's first write found (or installed) the migration.
+    installed: Arc<AtomicBool>,
 }
 
 /// `name` as a quoted SQL identifier.
@@ -57,18 +124,37 @@ impl FencedTable {
         FencedTable {
             table: table.split('.').map(quote).collect::<Vec<_>>().join("."),
             key_columns: key_columns.iter().map(|c| quote(c)).collect(),
+            installed: Arc::default(),
         }
     }
 
-    /// Adds the fence column (`BIGINT NOT NULL DEFAULT 0`) to the table, if it is missing.
+    /// Fences the table for every client: installs [`MIGRATION`] if it is missing, then
+    /// `fenced_lease.enable(table)` adds the fence column (`BIGINT NOT NULL DEFAULT 0`) if it
+    /// is missing and the trigger that refuses lower tokens. Idempotent.
     pub async fn add_fence_column(&self, client: &impl GenericClient) -> Result<(), Error> {
-        let sql = format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} BIGINT NOT NULL DEFAULT 0",
-            self.table,
-            quote(FENCE_COLUMN)
-        );
-        client.batch_execute(&sql).await?;
+        self.ensure_installed(client).await?;
+        client
+            .execute(
+                "SELECT fenced_lease.enable($1::text::regclass)",
+                &[&self.table],
+            )
+            .await?;
         Ok(())
+    }
+
+    /// Installs the migration if it is missing, on this table's first use.
+    async fn ensure_installed(&self, client: &impl GenericClient) -> Result<(), Error> {
+        if !self.installed.load(Ordering::Relaxed) {
+            install_if_missing(client).await?;
+            self.installed.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// `fence_token = fenced_lease.accept(fence_token, $token)`
+    fn accept(token_param: usize) -> String {
+        let fence = quote(FENCE_COLUMN);
+        format!("{fence} = fenced_lease.accept({fence}, ${token_param})")
     }
 
     /// `key1 = $first AND key2 = $first+1 ...`
@@ -98,7 +184,8 @@ impl FencedTable {
     }
 
     /// Sets the columns of `set` on the row with `key`, if `token` is not lower than the
-    /// row's: one `UPDATE ... WHERE key AND fence_token <= token`. The row must exist.
+    /// row's: one `UPDATE ... SET fence_token = fenced_lease.accept(fence_token, token), ...
+    /// WHERE key`. The row must exist.
     pub async fn update(
         &self,
         client: &impl GenericClient,
@@ -108,27 +195,24 @@ impl FencedTable {
     ) -> Result<(), Error> {
         check_token(token)?;
         self.check_key(key)?;
-        let fence = quote(FENCE_COLUMN);
-        let mut sql = format!("UPDATE {} SET {fence} = $1", self.table);
+        self.ensure_installed(client).await?;
+        let mut sql = format!("UPDATE {} SET {}", self.table, Self::accept(1));
         let mut params: Vec<Value<'_>> = vec![&token];
         for (column, value) in set {
             params.push(*value);
             sql.push_str(&format!(", {} = ${}", quote(column), params.len()));
         }
-        sql.push_str(&format!(
-            " WHERE {} AND {fence} <= $1",
-            self.key_predicate(params.len() + 1)
-        ));
+        sql.push_str(&format!(" WHERE {}", self.key_predicate(params.len() + 1)));
         params.extend_from_slice(key);
-        if client.execute(&sql, &params).await? == 1 {
-            return Ok(());
+        match client.execute(&sql, &params).await? {
+            0 => Err(Error::Missing(self.describe(key))),
+            _ => Ok(()),
         }
-        Err(self.refused(client, key, token).await)
     }
 
     /// Inserts the row with `key` and the columns of `set`, or updates it if `token` is not
-    /// lower than the row's: one `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE
-    /// fence_token <= token`. The key columns need a unique index.
+    /// lower than the row's: one `INSERT ... ON CONFLICT (key) DO UPDATE SET fence_token =
+    /// fenced_lease.accept(fence_token, token), ...`. The key columns need a unique index.
     pub async fn upsert(
         &self,
         client: &impl GenericClient,
@@ -138,6 +222,7 @@ impl FencedTable {
     ) -> Result<(), Error> {
         check_token(token)?;
         self.check_key(key)?;
+        self.ensure_installed(client).await?;
         let fence = quote(FENCE_COLUMN);
         let mut columns: Vec<String> = self.key_columns.clone();
         columns.push(fence.clone());
@@ -146,55 +231,33 @@ impl FencedTable {
         params.push(&token);
         params.extend(set.iter().map(|(_, v)| *v));
         let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
-        let updates: Vec<String> = columns[self.key_columns.len()..]
-            .iter()
-            .map(|c| format!("{c} = EXCLUDED.{c}"))
-            .collect();
+        let mut updates = vec![format!(
+            "{fence} = fenced_lease.accept({table}.{fence}, EXCLUDED.{fence})",
+            table = self.table
+        )];
+        updates.extend(
+            columns[self.key_columns.len() + 1..]
+                .iter()
+                .map(|c| format!("{c} = EXCLUDED.{c}")),
+        );
         let sql = format!(
-            "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE {table}.{fence} <= EXCLUDED.{fence}",
+            "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({keys}) DO UPDATE SET {updates}",
             table = self.table,
             columns = columns.join(", "),
             values = placeholders.join(", "),
             keys = self.key_columns.join(", "),
             updates = updates.join(", "),
         );
-        if client.execute(&sql, &params).await? == 1 {
-            return Ok(());
-        }
-        Err(self.refused(client, key, token).await)
+        client.execute(&sql, &params).await?;
+        Ok(())
     }
 
-    /// Why a conditional write matched no row: a higher token (the usual case), or no row.
-    /// The decision was the write's; this read only fills in the error.
-    async fn refused(&self, client: &impl GenericClient, key: &[Value<'_>], token: i64) -> Error {
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {}",
-            quote(FENCE_COLUMN),
-            self.table,
-            self.key_predicate(1)
-        );
-        match client.query_opt(&sql, key).await {
-            // Tokens on a row only grow, so a row at or below `token` now did not exist
-            // when the write ran.
-            Ok(Some(row)) => match row.try_get::<_, i64>(0) {
-                Ok(highest) if highest > token => Error::Fenced {
-                    presented: token,
-                    highest,
-                },
-                Ok(_) => Error::Missing(self.describe(key)),
-                Err(e) => Error::Postgres(e),
-            },
-            Ok(None) => Error::Missing(self.describe(key)),
-            Err(e) => Error::Postgres(e),
-        }
-    }
-
-    /// Starts a transaction guarded by the row with `key`: one conditional
-    /// `UPDATE ... SET fence_token = token WHERE key AND fence_token <= token` locks the row,
-    /// checks the token and records it, like [`update`](Self::update). The row stays locked
-    /// until the transaction ends, so every statement run in it is fenced by that one check,
-    /// and a writer with a higher token waits for it rather than interleaving. Commit with
-    /// [`FencedTransaction::commit`]; dropping it rolls back.
+    /// Starts a transaction guarded by the row with `key`: one
+    /// `UPDATE ... SET fence_token = fenced_lease.accept(fence_token, token) WHERE key` locks
+    /// the row, checks the token and records it, like [`update`](Self::update). The row stays
+    /// locked until the transaction ends, so every statement run in it is fenced by that one
+    /// check, and a writer with a higher token waits for it rather than interleaving. Commit
+    /// with [`FencedTransaction::commit`]; dropping it rolls back.
     pub async fn begin<'c>(
         &self,
         client: &'c mut Client,
@@ -203,19 +266,20 @@ impl FencedTable {
     ) -> Result<FencedTransaction<'c>, Error> {
         check_token(token)?;
         self.check_key(key)?;
+        self.ensure_installed(&*client).await?;
         let tx = client.transaction().await?;
-        let fence = quote(FENCE_COLUMN);
         let claim = format!(
-            "UPDATE {} SET {fence} = $1 WHERE {} AND {fence} <= $1",
+            "UPDATE {} SET {} WHERE {}",
             self.table,
+            Self::accept(1),
             self.key_predicate(2)
         );
         let mut params: Vec<Value<'_>> = vec![&token];
         params.extend_from_slice(key);
-        if tx.execute(&claim, &params).await? == 1 {
-            return Ok(FencedTransaction { tx, token });
+        match tx.execute(&claim, &params).await? {
+            0 => Err(Error::Missing(self.describe(key))),
+            _ => Ok(FencedTransaction { tx, token }),
         }
-        Err(self.refused(&tx, key, token).await)
     }
 }
 
@@ -262,5 +326,13 @@ mod tests {
         let t = FencedTable::new("app.pay\"outs", &["Account", "day"]);
         assert_eq!(t.table, "\"app\".\"pay\"\"outs\"");
         assert_eq!(t.key_predicate(3), "\"Account\" = $3 AND \"day\" = $4");
+    }
+
+    #[test]
+    fn refusal_detail_names_both_tokens() {
+        assert_eq!(refused_tokens("presented=6 highest=7"), Some((6, 7)));
+        assert_eq!(refused_tokens("highest=9 presented=0"), Some((0, 9)));
+        assert_eq!(refused_tokens("presented=6"), None);
+        assert_eq!(refused_tokens("presented=x highest=7"), None);
     }
 }

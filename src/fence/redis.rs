@@ -1,9 +1,13 @@
 //! Redis (and Valkey) keys fenced by the server itself (feature `redis`).
 //!
-//! The highest token accepted for a key lives beside it, in [`fence_key`]: a key with the same
-//! hash tag, so both are in one Redis Cluster slot. One Lua script — which the server runs
-//! atomically — compares the write's token with it, records the token and runs the write; a
-//! lower token is refused without touching the key ([`Error::Fenced`]).
+//! The check is a Redis Function library shipped in this repository, [`LIBRARY`]
+//! (`fence/redis/fenced_lease.lua`, Redis 7+), so that any client can call it with `FCALL`:
+//! `fenced_call` runs one command on one key and `fenced_set` a SET, each only if the token
+//! is not lower than the highest accepted for the key. That token lives beside the key, in
+//! [`fence_key`]: a key with the same hash tag, so both are in one Redis Cluster slot. The
+//! server runs a function atomically; a lower token is refused without touching the key,
+//! with the error reply `FENCED <presented> <highest>` ([`Error::Fenced`]). The guards here
+//! load the library when the server lacks it.
 //!
 //! ```no_run
 //! # async fn demo(conn: &mut redis::aio::MultiplexedConnection, token: i64) -> Result<(), fenced_lease::fence::Error> {
@@ -14,24 +18,76 @@
 //! ```
 
 use redis::aio::ConnectionLike;
-use redis::{Script, Value};
+use redis::{Cmd, RedisError, Value};
 
 use super::{Error, check_token};
 
-/// KEYS[1] fence key, KEYS[2] data key; ARGV[1] token, ARGV[2] command, ARGV[3..] its
-/// arguments after the key. The command runs before the token is recorded, so a command
-/// that fails (a wrong type, say) records nothing. Tokens are compared as decimal strings (length, then digits),
-/// which is exact for every i64 where Lua's numbers (doubles) are not.
-const FENCED_CALL: &str = r"
-local highest = redis.call('GET', KEYS[1])
-local token = ARGV[1]
-if highest and (#token < #highest or (#token == #highest and token < highest)) then
-  return {0, highest}
-end
-local reply = redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
-redis.call('SET', KEYS[1], token)
-return {1, reply}
-";
+/// The Redis Function library `fenced_lease`: `fence/redis/fenced_lease.lua`. Load it with
+/// [`load`] or `redis-cli -x FUNCTION LOAD REPLACE < fence/redis/fenced_lease.lua`.
+pub const LIBRARY: &str = include_str!("../../fence/redis/fenced_lease.lua");
+
+/// The error code of a refused token: the reply reads `FENCED <presented> <highest>`.
+pub const FENCED_CODE: &str = "FENCED";
+
+/// Loads (or replaces) [`LIBRARY`] on the server.
+pub async fn load<C: ConnectionLike>(conn: &mut C) -> Result<(), Error> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY)
+        .query_async::<String>(conn)
+        .await?;
+    Ok(())
+}
+
+/// A refusal by the library (`FENCED <presented> <highest>`) is [`Error::Fenced`]; anything
+/// else is [`Error::Redis`].
+impl From<RedisError> for Error {
+    fn from(error: RedisError) -> Self {
+        let refused = (error.code() == Some(FENCED_CODE))
+            .then(|| error.detail())
+            .flatten()
+            .and_then(|detail| {
+                let (presented, highest) = detail.split_once(' ')?;
+                Some((presented.parse().ok()?, highest.parse().ok()?))
+            });
+        match refused {
+            Some((presented, highest)) => Error::Fenced { presented, highest },
+            None => Error::Redis(error),
+        }
+    }
+}
+
+/// Is this the reply to an `FCALL` of a function the server does not have?
+fn function_missing(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("Function not found"))
+}
+
+/// Runs `FCALL`, loading the library first if the server does not have it.
+async fn fcall<C: ConnectionLike>(conn: &mut C, fcall: &Cmd) -> Result<Value, Error> {
+    match fcall.query_async(conn).await {
+        Err(e) if function_missing(&e) => {
+            load(conn).await?;
+            Ok(fcall.query_async(conn).await?)
+        }
+        reply => Ok(reply?),
+    }
+}
+
+/// `FCALL <function> 2 <key> <fence key> <token> <args...>`
+fn fenced(function: &str, key: &str, token: i64, args: &[&str]) -> Result<Cmd, Error> {
+    check_token(token)?;
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function)
+        .arg(2)
+        .arg(key)
+        .arg(fence_key(key)?)
+        .arg(token)
+        .arg(args);
+    Ok(cmd)
+}
 
 /// The part of `key` Redis Cluster hashes: the first non-empty `{...}`, else the whole key.
 fn hash_tag(key: &str) -> &str {
@@ -59,57 +115,30 @@ pub fn fence_key(key: &str) -> Result<String, Error> {
 }
 
 /// Runs `command` (a command name and its arguments after the key, e.g. `["HSET", "f", "v"]`)
-/// on `key`, if `token` is not lower than the highest token accepted for `key`; records
-/// `token`. Returns the command's reply.
+/// on `key`, if `token` is not lower than the highest token accepted for `key`, and records
+/// `token` (`FCALL fenced_call`). Returns the command's reply.
 pub async fn call<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     token: i64,
     command: &[&str],
 ) -> Result<Value, Error> {
-    check_token(token)?;
-    let fence = fence_key(key)?;
-    let Some((name, args)) = command.split_first() else {
+    if command.is_empty() {
         return Err(Error::InvalidName("an empty Redis command".into()));
-    };
-    let script = Script::new(FENCED_CALL);
-    let mut invocation = script.key(&fence);
-    invocation.key(key).arg(token).arg(*name);
-    for arg in args {
-        invocation.arg(*arg);
     }
-    let reply: (i64, Value) = invocation.invoke_async(conn).await?;
-    match reply {
-        (1, value) => Ok(value),
-        (_, Value::BulkString(highest)) => {
-            match std::str::from_utf8(&highest)
-                .ok()
-                .and_then(|h| h.parse().ok())
-            {
-                Some(highest) => Err(Error::Fenced {
-                    presented: token,
-                    highest,
-                }),
-                None => Err(Error::InvalidName(format!(
-                    "{fence} holds {:?}, not a token",
-                    String::from_utf8_lossy(&highest)
-                ))),
-            }
-        }
-        (_, other) => Err(Error::InvalidName(format!(
-            "unexpected reply of the fencing script: {other:?}"
-        ))),
-    }
+    fcall(conn, &fenced("fenced_call", key, token, command)?).await
 }
 
-/// `SET key value`, fenced by `token`.
+/// `SET key value`, fenced by `token` (`FCALL fenced_set`).
 pub async fn set<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     value: &str,
     token: i64,
 ) -> Result<(), Error> {
-    call(conn, key, token, &["SET", value]).await.map(drop)
+    fcall(conn, &fenced("fenced_set", key, token, &[value])?)
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]
@@ -127,6 +156,26 @@ mod tests {
             fence_key("{user1}:balance").unwrap(),
             "{user1}:balance:fence"
         );
+    }
+
+    #[test]
+    fn the_fenced_reply_is_a_fenced_error() {
+        let reply = |detail: &str| {
+            Error::from(redis::make_extension_error(
+                FENCED_CODE.into(),
+                Some(detail.into()),
+            ))
+        };
+        assert!(matches!(
+            reply("6 7"),
+            Error::Fenced {
+                presented: 6,
+                highest: 7
+            }
+        ));
+        assert!(matches!(reply("6"), Error::Redis(_)));
+        let other = redis::make_extension_error("WRONGTYPE".into(), Some("6 7".into()));
+        assert!(matches!(Error::from(other), Error::Redis(_)));
     }
 
     #[test]
