@@ -16,11 +16,8 @@ use common::{TestNamespace, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
 use fenced_lease::holder::{AcquireOptions, acquire};
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, ServiceAccount};
-use kube::Client;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::AuthInfo;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -316,25 +313,7 @@ async fn i10_lowering_the_duration_of_a_held_lease_keeps_the_running_term() {
 }
 
 async fn create_pod(ns: &TestNamespace, name: &str) -> String {
-    create_pod_as(ns, name, "default").await
-}
-
-/// Creates pod `name` running as ServiceAccount `sa` (which must exist); its UID.
-async fn create_pod_as(ns: &TestNamespace, name: &str, sa: &str) -> String {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": sa,
-            "containers": [{"name": "main", "image": "example.invalid/holder:1"}],
-        },
-    }))
-    .unwrap();
-    let created = ns
-        .api::<Pod>()
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    created.metadata.uid.expect("uid")
+    ns.create_pod_as(name, "default").await.uid
 }
 
 async fn annotation(ns: &TestNamespace, pod: &str) -> Option<(String, Option<String>)> {
@@ -399,49 +378,6 @@ async fn i5_a_pod_replaced_under_the_same_name_inherits_neither_hold_nor_token()
     }
 }
 
-/// A client that authenticates as ServiceAccount `sa`, with a token bound to `pod` when
-/// given (as the token every pod mounts is).
-async fn client_as(ns: &TestNamespace, sa: &str, pod: Option<(&str, &str)>) -> Client {
-    create_service_account(ns, sa).await;
-    let sas = ns.api::<ServiceAccount>();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            bound_object_ref: pod.map(|(name, uid)| BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name.into()),
-                uid: Some(uid.into()),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let issued: TokenRequest = sas
-        .create_subresource("token", sa, &PostParams::default(), &request)
-        .await
-        .expect("TokenRequest");
-    let mut config = common::control_plane().admin_config().await;
-    config.auth_info =
-        serde_json::from_value::<AuthInfo>(json!({ "token": issued.status.expect("token").token }))
-            .unwrap();
-    Client::try_from(config).unwrap()
-}
-
-async fn create_service_account(ns: &TestNamespace, sa: &str) {
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": sa}})).unwrap();
-    match ns
-        .api::<ServiceAccount>()
-        .create(&PostParams::default(), &account)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("create ServiceAccount {sa}: {e}"),
-    }
-}
-
 fn claim(name: &str, pod: Option<(&str, &str)>) -> FencedLeaseClaim {
     let mut value = json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
@@ -477,10 +413,10 @@ async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
         ])
         .output()
         .unwrap();
-    create_service_account(&ns, "alice").await;
-    let alice_uid = create_pod_as(&ns, "alice-0", "alice").await;
-    let alice = client_as(&ns, "alice", Some(("alice-0", &alice_uid))).await;
-    let bob = client_as(&ns, "bob", None).await;
+    let alice_pod = ns.create_pod_as("alice-0", "alice").await;
+    let alice_uid = alice_pod.uid.clone();
+    let alice = ns.client_as_pod(&alice_pod).await;
+    let bob = ns.client_as("bob", None).await;
     let as_alice: Api<FencedLeaseClaim> = Api::namespaced(alice, &ns.name);
     let as_bob: Api<FencedLeaseClaim> = Api::namespaced(bob, &ns.name);
 

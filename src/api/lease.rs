@@ -3,7 +3,7 @@
 // `type_ = ...` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, MicroTime};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +53,52 @@ pub struct FencedLeaseSpec {
     /// keeps a ValidatingAdmissionPolicyBinding for the lease while this is on).
     #[serde(default)]
     pub fence_objects: bool,
+
+    /// Kinds of objects in the lease's namespace that only the lease's holder may write,
+    /// without labelling or stamping them: the apiserver refuses every write to them (any
+    /// verb, any subresource) by a pod that is not the holder's pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<FenceSpec>,
+}
+
+/// The objects a lease fences by kind (`spec.fence`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceSpec {
+    /// The kinds fenced, in the lease's namespace, every subresource (`status`, `scale`, ...)
+    /// included.
+    #[schemars(length(min = 1, max = 32))]
+    pub resources: Vec<FencedResource>,
+
+    /// Only the objects whose labels match (every object of the kinds when absent). A `scale`
+    /// subresource carries no labels, so with a selector scales are not fenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// A kind of object, named as in RBAC rules.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, KubeSchema,
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.group != 'fencing.dev'").message(
+    "objects of group fencing.dev cannot be fenced: holders and the operator must always reach their leases and claims"
+))]
+pub struct FencedResource {
+    /// API group: `""` (the core group), `apps`, `batch`, ...
+    #[serde(default)]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$")
+    )]
+    pub group: String,
+
+    /// Resource, plural and lower case: `deployments`, `configmaps`, `jobs`.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub resource: String,
 }
 
 fn default_lease_duration_seconds() -> i32 {

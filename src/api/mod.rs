@@ -10,7 +10,9 @@ mod lease;
 
 pub use claim::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseClaimStatus};
 pub use crdgen::{CrdFile, crd_files};
-pub use lease::{FencedLease, FencedLeaseSpec, FencedLeaseStatus, LeaseHolder};
+pub use lease::{
+    FenceSpec, FencedLease, FencedLeaseSpec, FencedLeaseStatus, FencedResource, LeaseHolder,
+};
 
 /// API group of both kinds.
 pub const GROUP: &str = "fencing.dev";

@@ -11,6 +11,10 @@
 //!   so it can lag a grant by a short window; it also covers objects the new holder has not
 //!   written yet.
 //!
+//! Both rules of the lease, and one more, apply as well to the kinds a lease names in
+//! `spec.fence`, which need no label: a writer that authenticates as a pod must be the lease's
+//! holder pod, whatever it writes (any verb, any subresource; [`Error::NotHolder`]).
+//!
 //! A delete carries no body, so a holder deletes with [`delete`]: stamp its token with an
 //! update, then delete on the resourceVersion that update returned.
 //!
@@ -42,7 +46,8 @@ use super::{Error, check_token};
 
 /// The cluster-wide policy comparing a write's token with the one stored on the object.
 pub const OBJECT_POLICY: &str = "fenced-lease-object-token";
-/// The policy comparing a write's token with the lease's current token (params: the lease).
+/// The policy of the lease rules (params: the lease): the writer's pod must hold the lease,
+/// and a write's token may not be below the lease's current token.
 pub const LEASE_POLICY: &str = "fenced-lease-lease-token";
 
 /// Puts `object` under lease `lease`'s fence and stamps it with `token`: sets the label
@@ -116,11 +121,25 @@ pub fn refusal(error: &kube::Error) -> Option<(i64, i64)> {
     Some((presented.parse().ok()?, highest.parse().ok()?))
 }
 
-/// A refusal by the fencing policies becomes [`Error::Fenced`]; anything else [`Error::Kube`].
+/// The identity rule's refusal, from its message (`fenced: <what>: pod <p> does not hold
+/// FencedLease <ns>/<lease> (...)...`): what follows `fenced: `.
+pub fn not_holder(error: &kube::Error) -> Option<&str> {
+    let kube::Error::Api(status) = error else {
+        return None;
+    };
+    let (_, what) = status.message.split_once("fenced: ")?;
+    (status.code == 403 && what.contains(" does not hold FencedLease ")).then_some(what)
+}
+
+/// A refusal by the fencing policies becomes [`Error::Fenced`] (a lower token) or
+/// [`Error::NotHolder`] (a pod that does not hold the lease); anything else [`Error::Kube`].
 impl From<kube::Error> for Error {
     fn from(error: kube::Error) -> Self {
-        match refusal(&error) {
-            Some((presented, highest)) => Error::Fenced { presented, highest },
+        if let Some((presented, highest)) = refusal(&error) {
+            return Error::Fenced { presented, highest };
+        }
+        match not_holder(&error) {
+            Some(what) => Error::NotHolder(what.to_string()),
             None => Error::Kube(error),
         }
     }
@@ -169,6 +188,17 @@ mod tests {
                 highest: 7
             }
         ));
+    }
+
+    #[test]
+    fn identity_refusals_become_not_holder() {
+        let message = "configmaps \"c\" is forbidden: ValidatingAdmissionPolicy 'fenced-lease-lease-token' with binding 'fenced-lease.ns.l' denied request: fenced: ConfigMap ns/c: pod pa does not hold FencedLease ns/l (pod pb holds it); only the holder's pod may write what the lease fences";
+        let e = Error::from(api_error(403, message));
+        assert!(e.is_fenced());
+        assert!(
+            matches!(&e, Error::NotHolder(what) if what.starts_with("ConfigMap ns/c: pod pa does not hold")),
+            "{e:?}"
+        );
     }
 
     #[test]

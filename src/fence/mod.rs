@@ -41,6 +41,10 @@ pub enum Error {
         /// The token the resource holds (the highest it has accepted).
         highest: i64,
     },
+    /// The apiserver refused the write because the writer's pod does not hold the lease that
+    /// fences the object (the identity rule, I11): the writer is stale and must stop.
+    #[error("fenced out: {0}")]
+    NotHolder(String),
     /// Tokens are never negative; a negative one is a bug in the caller.
     #[error("invalid fencing token {0}: tokens are non-negative integers")]
     InvalidToken(i64),
@@ -64,9 +68,10 @@ pub enum Error {
 }
 
 impl Error {
-    /// Was the write refused because a higher token was accepted before it?
+    /// Was the write refused because a higher token was accepted before it, or because the
+    /// writer no longer holds the lease?
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Error::Fenced { .. })
+        matches!(self, Error::Fenced { .. } | Error::NotHolder(_))
     }
 }
 

@@ -25,6 +25,7 @@ impl Skeleton for FencedLease {
             min_token: 0,
             annotate_holder_pod: true,
             fence_objects: false,
+            fence: None,
         };
         FencedLease {
             metadata,

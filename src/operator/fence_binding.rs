@@ -1,16 +1,21 @@
-//! The lease rule of the object fence: while a FencedLease has `spec.fenceObjects: true`, the
-//! operator keeps one ValidatingAdmissionPolicyBinding for it, `fenced-lease.<ns>.<lease>`,
-//! which binds policy [`LEASE_POLICY`] (`deploy/admission/fence-policy.yaml`) to the objects
-//! of the lease's namespace labelled `fencing.dev/lease=<lease>`, with the lease itself as
-//! params (`paramRef.name`, `parameterNotFoundAction: Deny`). The apiserver then refuses a
-//! write to such an object whose token is below the lease's `status.fencingToken`.
+//! The lease rules of the object fence. For each FencedLease the operator keeps up to two
+//! ValidatingAdmissionPolicyBindings of policy [`LEASE_POLICY`]
+//! (`deploy/admission/fence-policy.yaml`), each with the lease itself as params
+//! (`paramRef.name`, `parameterNotFoundAction: Deny`):
+//! - `fenced-lease.<ns>.<lease>`, while `spec.fenceObjects` is on: the objects of the lease's
+//!   namespace labelled `fencing.dev/lease=<lease>`;
+//! - `fenced-lease-kinds.<ns>.<lease>`, while `spec.fence` is set: the objects of the kinds it
+//!   names (and its selector) in the lease's namespace, every subresource included.
+//!
+//! The apiserver then refuses a write to such an object by a pod that is not the lease's
+//! holder, or whose token is below the lease's `status.fencingToken`.
 //!
 //! A binding is cluster-scoped and cannot be owned by a namespaced lease, so nothing garbage
-//! collects it: the operator deletes it when `fenceObjects` is turned off, when the lease is
+//! collects it: the operator deletes it when its field is turned off, when the lease is
 //! deleted (before its finalizer goes), and, after every (re)list of its bindings and every
-//! five minutes, any whose lease the API says is gone. Every step is idempotent and safe if the one before never ran.
-//! The operator's bindings are labelled, and watched into a cache, so that an unchanged lease
-//! costs no API call.
+//! five minutes, any whose lease the API says is gone. Every step is idempotent and safe if
+//! the one before never ran. The operator's bindings are labelled, and watched into a cache,
+//! so that an unchanged lease costs no API call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,8 +23,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    ValidatingAdmissionPolicyBindingSpec,
+    MatchResources, NamedRuleWithOperations, ParamRef, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
@@ -32,10 +37,9 @@ use tracing::{info, warn};
 
 use super::context::Context;
 use super::error::{Error, Result, timed};
-use crate::api::{FencedLease, LEASE_LABEL};
+use crate::api::{FenceSpec, FencedLease, LEASE_LABEL};
 use crate::fence::kube::LEASE_POLICY;
 
-/// Field manager of the operator's binding writes.
 /// Label naming who manages a binding, and the value the operator sets.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fenced-lease-operator");
 /// Labels naming the lease a binding is for.
@@ -44,17 +48,72 @@ const LEASE_NAME_LABEL: &str = "fencing.dev/lease-name";
 /// How often bindings are checked for a lease that is gone, besides after every (re)list.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(300);
 
-/// Name of the binding of lease `name` in namespace `ns`. Namespace names have no dots, so
-/// the name is unambiguous; it stays under 253 characters (lease names are at most 63).
+/// Name of the binding of lease `ns/name` for its labelled objects. Namespace names have no
+/// dots, so the name is unambiguous; it stays under 253 characters (lease names are at most 63).
 pub fn binding_name(ns: &str, name: &str) -> String {
     format!("fenced-lease.{ns}.{name}")
 }
 
-/// The binding that applies the lease rule of lease `ns/name` to the objects labelled with it.
+/// Name of the binding of lease `ns/name` for the kinds it names in `spec.fence`.
+pub fn kinds_binding_name(ns: &str, name: &str) -> String {
+    format!("fenced-lease-kinds.{ns}.{name}")
+}
+
+/// The binding that applies the lease rules of lease `ns/name` to the objects labelled with it.
 pub fn desired_binding(ns: &str, name: &str) -> ValidatingAdmissionPolicyBinding {
+    binding(
+        binding_name(ns, name),
+        ns,
+        name,
+        MatchResources {
+            namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
+            object_selector: Some(selector(LEASE_LABEL, name)),
+            ..Default::default()
+        },
+    )
+}
+
+/// The binding that applies the lease rules of lease `ns/name` to the objects of the kinds
+/// `fence` names, in the lease's namespace, with all their subresources.
+pub fn desired_kinds_binding(
+    ns: &str,
+    name: &str,
+    fence: &FenceSpec,
+) -> ValidatingAdmissionPolicyBinding {
+    let rules = fence
+        .resources
+        .iter()
+        .map(|r| NamedRuleWithOperations {
+            api_groups: Some(vec![r.group.clone()]),
+            api_versions: Some(vec!["*".into()]),
+            operations: Some(["CREATE", "UPDATE", "DELETE"].map(String::from).to_vec()),
+            resources: Some(vec![r.resource.clone(), format!("{}/*", r.resource)]),
+            scope: Some("Namespaced".into()),
+            resource_names: None,
+        })
+        .collect();
+    binding(
+        kinds_binding_name(ns, name),
+        ns,
+        name,
+        MatchResources {
+            namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
+            object_selector: fence.selector.clone(),
+            resource_rules: Some(rules),
+            ..Default::default()
+        },
+    )
+}
+
+fn binding(
+    binding_name: String,
+    ns: &str,
+    name: &str,
+    match_resources: MatchResources,
+) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
         metadata: ObjectMeta {
-            name: Some(binding_name(ns, name)),
+            name: Some(binding_name),
             labels: Some(BTreeMap::from([
                 (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
                 (LEASE_NAMESPACE_LABEL.to_string(), ns.to_string()),
@@ -72,13 +131,34 @@ pub fn desired_binding(ns: &str, name: &str) -> ValidatingAdmissionPolicyBinding
                 parameter_not_found_action: Some("Deny".into()),
                 selector: None,
             }),
-            match_resources: Some(MatchResources {
-                namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
-                object_selector: Some(selector(LEASE_LABEL, name)),
-                ..Default::default()
-            }),
+            match_resources: Some(match_resources),
         },
     }
+}
+
+/// A binding lease `ns/name` may have: its name, the binding to keep (`None`: delete it), and
+/// whether the spec asks for one (a binding it does not ask for is deleted only when the cache
+/// shows it; one of a lease being deleted is always asked for).
+type Wanted = (String, Option<ValidatingAdmissionPolicyBinding>, bool);
+
+fn desired_bindings(ns: &str, name: &str, lease: &FencedLease) -> [Wanted; 2] {
+    let live = lease.metadata.deletion_timestamp.is_none();
+    let spec = &lease.spec;
+    [
+        (
+            binding_name(ns, name),
+            (spec.fence_objects && live).then(|| desired_binding(ns, name)),
+            spec.fence_objects,
+        ),
+        (
+            kinds_binding_name(ns, name),
+            spec.fence
+                .as_ref()
+                .filter(|_| live)
+                .map(|fence| desired_kinds_binding(ns, name, fence)),
+            spec.fence.is_some(),
+        ),
+    ]
 }
 
 fn selector(key: &str, value: &str) -> LabelSelector {
@@ -88,20 +168,31 @@ fn selector(key: &str, value: &str) -> LabelSelector {
     }
 }
 
+/// The part of a binding's match that decides what it matches, without the defaults the
+/// apiserver adds (`matchPolicy`, empty selectors and lists).
+fn matching(m: &Option<MatchResources>) -> MatchResources {
+    let m = m.clone().unwrap_or_default();
+    let selector = |s: Option<LabelSelector>| s.filter(|s| *s != LabelSelector::default());
+    let rules = |r: Option<Vec<NamedRuleWithOperations>>| r.filter(|r| !r.is_empty());
+    MatchResources {
+        match_policy: None,
+        namespace_selector: selector(m.namespace_selector),
+        object_selector: selector(m.object_selector),
+        resource_rules: rules(m.resource_rules),
+        exclude_resource_rules: rules(m.exclude_resource_rules),
+    }
+}
+
 /// Does `existing` say what `desired` says? (The apiserver adds defaults; they are ignored.)
 fn is_current(
     existing: &ValidatingAdmissionPolicyBinding,
     desired: &ValidatingAdmissionPolicyBinding,
 ) -> bool {
     let (have, want) = (&existing.spec, &desired.spec);
-    let selectors = |m: &Option<MatchResources>| {
-        m.as_ref()
-            .map(|m| (m.namespace_selector.clone(), m.object_selector.clone()))
-    };
     have.policy_name == want.policy_name
         && have.validation_actions == want.validation_actions
         && have.param_ref == want.param_ref
-        && selectors(&have.match_resources) == selectors(&want.match_resources)
+        && matching(&have.match_resources) == matching(&want.match_resources)
         && existing.labels() == desired.labels()
 }
 
@@ -172,65 +263,74 @@ impl FenceBindings {
     }
 }
 
-/// Brings the binding of `lease` in line with its spec: applied while `fenceObjects` is on,
-/// deleted when it is off or the lease is being deleted.
+/// Brings the bindings of `lease` in line with its spec: each applied while its field is
+/// set, deleted when it is not or the lease is being deleted.
 pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<()> {
     let ns = lease
         .namespace()
         .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
     let name = lease.name_any();
-    let binding = binding_name(&ns, &name);
-    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
-    let cached = ctx.fence_bindings.cached(&binding);
-    let deleting = lease.metadata.deletion_timestamp.is_some();
-
-    if lease.spec.fence_objects && !deleting {
-        let desired = desired_binding(&ns, &name);
-        if cached.as_deref().is_some_and(|b| is_current(b, &desired)) {
-            return Ok(());
+    for (binding, desired, asked) in desired_bindings(&ns, &name, lease) {
+        let cached = ctx.fence_bindings.cached(&binding);
+        match desired {
+            Some(desired) => apply(ctx, lease, cached, desired).await?,
+            // Leases that never fence objects cost no call, and no RBAC rule.
+            None if cached.is_some() || asked => remove(ctx, &ns, &name, &binding).await?,
+            None => {}
         }
-        // The operator owns the whole binding: created, and put back whole (a replace on the
-        // resourceVersion it read, not a merge that would keep someone else's list items)
-        // when edited by hand. A binding the API has but the cache has not seen yet makes
-        // the create 409: the watch brings it, and the lease is reconciled again.
-        match &cached {
-            None => timed(
-                "create fence binding",
+    }
+    Ok(())
+}
+
+/// Creates `desired`, or puts it back whole over an edited copy.
+async fn apply(
+    ctx: &Context,
+    lease: &FencedLease,
+    cached: Option<Arc<ValidatingAdmissionPolicyBinding>>,
+    desired: ValidatingAdmissionPolicyBinding,
+) -> Result<()> {
+    if cached.as_deref().is_some_and(|b| is_current(b, &desired)) {
+        return Ok(());
+    }
+    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
+    let binding = desired.name_any();
+    // The operator owns the whole binding: created, and put back whole (a replace on the
+    // resourceVersion it read, not a merge that would keep someone else's list items)
+    // when edited by hand. A binding the API has but the cache has not seen yet makes
+    // the create 409: the watch brings it, and the lease is reconciled again.
+    match &cached {
+        None => timed(
+            "create fence binding",
+            ctx.api_timeout,
+            api.create(&PostParams::default(), &desired),
+        )
+        .await
+        .map(drop),
+        Some(current) => {
+            let mut next = desired;
+            next.metadata.resource_version = current.metadata.resource_version.clone();
+            timed(
+                "restore fence binding",
                 ctx.api_timeout,
-                api.create(&PostParams::default(), &desired),
+                api.replace(&binding, &PostParams::default(), &next),
             )
             .await
-            .map(drop),
-            Some(current) => {
-                let mut next = desired;
-                next.metadata.resource_version = current.metadata.resource_version.clone();
-                timed(
-                    "restore fence binding",
-                    ctx.api_timeout,
-                    api.replace(&binding, &PostParams::default(), &next),
-                )
-                .await
-                .map(drop)
-            }
-        }?;
-        info!(lease = %name, namespace = %ns, binding = %binding, "fence binding applied");
-        if cached.is_none() {
-            warn_if_policy_missing(ctx, lease).await;
+            .map(drop)
         }
-        return Ok(());
+    }?;
+    info!(lease = %lease.name_any(), binding = %binding, "fence binding applied");
+    if cached.is_none() {
+        warn_if_policy_missing(ctx, lease).await;
     }
+    Ok(())
+}
 
-    // Off, or going away. A lease with the field off has a binding only if the cache shows
-    // one (one it does not show yet goes at the next resync): leases that never fence objects
-    // cost no call, and no RBAC rule. One being deleted with the field on is always asked
-    // for: the cache may not show the binding applied a moment ago.
-    if cached.is_none() && !lease.spec.fence_objects {
-        return Ok(());
-    }
+async fn remove(ctx: &Context, ns: &str, name: &str, binding: &str) -> Result<()> {
+    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
     match timed(
         "delete fence binding",
         ctx.api_timeout,
-        api.delete(&binding, &DeleteParams::default()),
+        api.delete(binding, &DeleteParams::default()),
     )
     .await
     {
@@ -254,7 +354,7 @@ async fn warn_if_policy_missing(ctx: &Context, lease: &FencedLease) {
     .await
     {
         let note = format!(
-            "spec.fenceObjects is on, but ValidatingAdmissionPolicy {LEASE_POLICY} is not installed (deploy/admission/fence-policy.yaml): objects are not fenced by this lease's token"
+            "the lease fences objects (spec.fenceObjects or spec.fence), but ValidatingAdmissionPolicy {LEASE_POLICY} is not installed (deploy/admission/fence-policy.yaml): objects are not fenced by this lease"
         );
         warn!(lease = %lease.name_any(), "{note}");
         ctx.event(

@@ -115,10 +115,15 @@ pub fn forbidden(requests: &[Request]) -> Vec<String> {
     refused.into_iter().collect()
 }
 
+/// Verbs no request carries: the admission policies ask the authorizer for them
+/// (deploy/admission/), so the audit log never shows them used.
+const ADMISSION_VERBS: [&str; 1] = ["override"];
+
 /// Granted permissions no request used.
 pub fn unused(granted: &[Permission], requests: &[Request]) -> Vec<Permission> {
     granted
         .iter()
+        .filter(|p| !ADMISSION_VERBS.contains(&p.verb.as_str()))
         .filter(|p| !requests.iter().any(|r| r.uses(p)))
         .cloned()
         .collect()

@@ -64,6 +64,15 @@ pub fn kill(pid: u32, sig: &str) {
     assert!(status.success(), "kill -{sig} {pid}");
 }
 
+/// Sends `sig` to every process of group `pgid`.
+pub fn kill_group(pgid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), "--", &format!("-{pgid}")])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{sig} -- -{pgid}");
+}
+
 /// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z` zombie), if it exists.
 pub fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

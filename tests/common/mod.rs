@@ -10,6 +10,7 @@ pub mod bulk;
 pub mod cli;
 pub mod fence;
 pub mod operator;
+pub mod pods;
 pub mod proxy;
 
 use std::path::{Path, PathBuf};
@@ -17,8 +18,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -200,36 +200,7 @@ impl TestNamespace {
     /// Creates ServiceAccount `name` in this namespace and returns a client that
     /// authenticates as it (a bound token from the TokenRequest API), for RBAC tests.
     pub async fn client_as_service_account(&self, name: &str) -> Client {
-        let sas = self.api::<ServiceAccount>();
-        let sa = ServiceAccount {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match sas.create(&PostParams::default(), &sa).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("create ServiceAccount {name}: {e}"),
-        }
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let issued: TokenRequest = sas
-            .create_subresource("token", name, &PostParams::default(), &request)
-            .await
-            .expect("TokenRequest");
-        let token = issued.status.expect("TokenRequest status").token;
-        let mut config = self.cp.admin_config().await;
-        config.auth_info =
-            serde_json::from_value::<AuthInfo>(serde_json::json!({ "token": token }))
-                .expect("auth info");
-        Client::try_from(config).expect("service account client")
+        self.client_as(name, None).await
     }
 
     /// Applies YAML (or JSON) with kubectl as the admin; returns the output, stderr included.
@@ -373,6 +344,12 @@ impl TestNamespace {
             .args(["create", "token", name, "--duration=1h"]))
         .stdout;
         let token = String::from_utf8_lossy(&token).trim().to_string();
+        self.kubeconfig_with_token(&token, name)
+    }
+
+    /// Writes a kubeconfig, named after `stem`, that authenticates with bearer `token`, its
+    /// context's namespace this one.
+    pub fn kubeconfig_with_token(&self, token: &str, stem: &str) -> PathBuf {
         let mut kubeconfig = Kubeconfig::read_from(&self.cp.kubeconfig).expect("read kubeconfig");
         for user in &mut kubeconfig.auth_infos {
             user.auth_info = Some(
@@ -385,7 +362,7 @@ impl TestNamespace {
                 c.namespace = Some(self.name.clone());
             }
         }
-        let path = std::env::temp_dir().join(format!("{}-{name}.kubeconfig", self.name));
+        let path = std::env::temp_dir().join(format!("{}-{stem}.kubeconfig", self.name));
         let yaml = serde_saphyr::to_string(&kubeconfig).expect("serialize kubeconfig");
         std::fs::write(&path, yaml).expect("write kubeconfig");
         path

@@ -270,6 +270,9 @@ pub(super) async fn release(
             found
         }
     };
+    // With --all, a claim the apiserver will not let this user (or pod) release — a sibling
+    // pod's, under the claim-ownership policy — is reported and the others are still released.
+    let mut refused: Vec<Failure> = Vec::new();
     for c in targets {
         let name = c.name_any();
         // Delete exactly the claim that was read (a new claim of the same name is another).
@@ -289,6 +292,11 @@ pub(super) async fn release(
         {
             Ok(_) => {}
             Err(f) if f.message.contains("not found") => continue,
+            Err(f) if f.code == exit::FORBIDDEN && matches!(which, Which::All { .. }) => {
+                eprintln!("claim {name} not released: {}", f.message);
+                refused.push(f);
+                continue;
+            }
             Err(f) => return Err(f),
         }
         let token = c.status.as_ref().and_then(|s| s.fencing_token);
@@ -298,5 +306,13 @@ pub(super) async fn release(
             (None, None) => println!("withdrew claim {name}"),
         }
     }
-    Ok(exit::OK)
+    match refused.len() {
+        0 => Ok(exit::OK),
+        n => Err(Failure {
+            code: exit::FORBIDDEN,
+            message: format!(
+                "{n} claim(s) on {lease} not released: the apiserver refused (another pod's or user's claim, see above)"
+            ),
+        }),
+    }
 }
