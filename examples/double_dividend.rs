@@ -2,9 +2,11 @@
 //! 42's dividend exactly once. Worker A takes the lease and starts paying; it is paused
 //! (SIGSTOP, a stop-the-world pause) past its lease; B is granted the next token, finds the
 //! dividend unpaid and pays it; A resumes, still believing it holds the lease, and writes with
-//! its old token. Its writes are refused by the apiserver (a ConfigMap fenced by the
-//! admission policies) and by PostgreSQL (a fenced row). Prints the timeline; exits 0 only if
-//! every stale write was refused and the dividend was paid once.
+//! its old token. Its writes are refused by the apiserver (ConfigMaps fenced by the admission
+//! policies: its token is too old, and its pod no longer holds the lease — a plain delete is
+//! refused too) and by PostgreSQL (a fenced row). Each worker runs as its own pod's identity (a
+//! ServiceAccount token bound to the pod, as every pod mounts). Prints the timeline; exits 0
+//! only if every stale write was refused and the dividend was paid once.
 //!
 //! Run by `hack/demo` (which starts the control plane, PostgreSQL and the operator); by hand:
 //!
@@ -26,9 +28,12 @@ use fenced_lease::fence::postgres::FencedTable;
 use fenced_lease::holder::{AcquireOptions, acquire};
 use fenced_lease::operator::fence_binding::binding_name;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::config::AuthInfo;
+use kube::{Client, Config, ResourceExt};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
@@ -42,6 +47,10 @@ const LEASE: &str = "dividend-42";
 const LEASE_SECONDS: u64 = 3;
 /// How long paying takes: the pause hits in the middle of it.
 const PAYING: Duration = Duration::from_millis(2000);
+/// The ServiceAccount the workers' pods run as.
+const WORKER_ACCOUNT: &str = "dividend-worker";
+/// The payout ConfigMap.
+const PAYOUT: &str = "dividend-42-2024q4";
 
 /// The double dividend: a stalled lease holder whose writes are fenced out.
 #[derive(Parser)]
@@ -130,7 +139,13 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
         };
         println!("{}", serde_json::to_string(&line).unwrap_or_default());
     };
-    let client = Client::try_default().await?;
+    // As the worker's pod: its ServiceAccount token, bound to the pod.
+    let mut config = Config::infer().await?;
+    config.auth_info = AuthInfo {
+        token: Some(std::env::var("FL_DEMO_TOKEN")?.into()),
+        ..AuthInfo::default()
+    };
+    let client = Client::try_from(config)?;
     let db = postgres().await?;
     let options = AcquireOptions::default()
         .identity(name)
@@ -163,18 +178,28 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
     tokio::time::sleep(PAYING).await;
 
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
-    let mut payout = config_map("dividend-42-2024q4", name);
+    // A payout found there is a draft of an earlier attempt: it goes first (a plain delete).
+    match configmaps.delete(PAYOUT, &DeleteParams::default()).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        deleted => report_kube(
+            &report,
+            &format!("delete ConfigMap {PAYOUT}"),
+            token,
+            deleted.map(drop),
+        ),
+    }
+    let mut payout = config_map(PAYOUT, name);
     stamp(&mut payout, LEASE, token);
     let written = configmaps
         .patch(
-            "dividend-42-2024q4",
+            PAYOUT,
             &PatchParams::apply(name).force(),
             &Patch::Apply(&payout),
         )
         .await;
     report_kube(
         &report,
-        "ConfigMap dividend-42-2024q4",
+        &format!("ConfigMap {PAYOUT}"),
         token,
         written.map(drop),
     );
@@ -247,7 +272,7 @@ fn report_kube(
                 .map_or(status.message.as_str(), |(_, m)| m);
             report(
                 Event::Refused,
-                format!("REFUSED   by the apiserver ({policy}): {message}"),
+                format!("REFUSED   {what}, by the apiserver ({policy}): {message}"),
             )
         }
         Err(e) => report(Event::Failed, format!("FAILED    {what}: {e}")),
@@ -269,8 +294,54 @@ impl Worker {
     }
 }
 
+/// A worker's pod (Pending: nothing runs in it) and a token bound to it.
+struct WorkerPod {
+    uid: String,
+    token: String,
+}
+
+/// Creates pod `name` running as [`WORKER_ACCOUNT`] and a ServiceAccount token bound to it.
+async fn worker_pod(client: &Client, namespace: &str, name: &str) -> Result<WorkerPod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": WORKER_ACCOUNT,
+            "containers": [{"name": "worker", "image": "example.invalid/worker:1"}],
+        },
+    }))?;
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await?
+        .uid()
+        .ok_or("pod without a UID")?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.into()),
+                uid: Some(uid.clone()),
+            }),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let issued: TokenRequest = accounts
+        .create_subresource("token", WORKER_ACCOUNT, &PostParams::default(), &request)
+        .await?;
+    let token = issued
+        .status
+        .and_then(|s| s.token)
+        .ok_or("TokenRequest without a token")?;
+    Ok(WorkerPod { uid, token })
+}
+
 fn spawn_worker(
     args: &Args,
+    pod: &WorkerPod,
     name: &'static str,
     table: &str,
     t0: u128,
@@ -281,6 +352,10 @@ fn spawn_worker(
         .args(["--namespace", &args.namespace, "--worker", name])
         .args(["--table", table, "--t0-ms", &t0.to_string()])
         .env("RUST_LOG", "warn")
+        .env("FL_DEMO_TOKEN", &pod.token)
+        .env("POD_NAME", name)
+        .env("POD_UID", &pod.uid)
+        .env("POD_NAMESPACE", &args.namespace)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -351,9 +426,40 @@ async fn set_up(args: &Args, client: &Client) -> Result<()> {
     let lease: FencedLease = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
         "metadata": {"name": LEASE},
-        "spec": {"leaseDurationSeconds": LEASE_SECONDS, "fenceObjects": true},
+        "spec": {
+            "leaseDurationSeconds": LEASE_SECONDS,
+            "fenceObjects": true,
+            "fence": {"resources": [{"resource": "configmaps"}]},
+        },
     }))?;
     leases.create(&PostParams::default(), &lease).await?;
+    // The workers' ServiceAccount: hold leases, write ConfigMaps.
+    let ns = args.namespace.as_str();
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": WORKER_ACCOUNT}}))?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": WORKER_ACCOUNT},
+        "rules": [
+            {"apiGroups": ["fencing.dev"], "resources": ["fencedleases"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["fencing.dev"], "resources": ["fencedleaseclaims"], "verbs": ["list", "watch", "create", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]},
+        ],
+    }))?;
+    let role_binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": WORKER_ACCOUNT},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER_ACCOUNT},
+        "subjects": [{"kind": "ServiceAccount", "name": WORKER_ACCOUNT, "namespace": ns}],
+    }))?;
+    let create = PostParams::default();
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&create, &account)
+        .await?;
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&create, &role)
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&create, &role_binding)
+        .await?;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     let binding = binding_name(&args.namespace, LEASE);
     wait_until(Duration::from_secs(30), || async {
@@ -395,12 +501,14 @@ async fn play(
 ) -> Result<bool> {
     set_up(args, client).await?;
     println!(
-        "Two workers pay account 42's dividend under FencedLease {}/{LEASE} ({LEASE_SECONDS}s lease,\nfenceObjects: true). Each writes the payout to ConfigMap dividend-42-2024q4, a receipt\nConfigMap, and row 42 of PostgreSQL table {table}, stamped with its fencing token.\n",
+        "Two workers pay account 42's dividend under FencedLease {}/{LEASE} ({LEASE_SECONDS}s lease,\nfenceObjects, and every ConfigMap fenced by kind). Each runs in a pod of its own, replaces the\npayout ConfigMap dividend-42-2024q4 (a plain delete, then a write), writes a receipt ConfigMap\nand row 42 of PostgreSQL table {table}, stamped with its fencing token.\n",
         args.namespace
     );
     let (t0, t0_ms) = (Instant::now(), epoch_ms());
     let (tx, mut events) = mpsc::unbounded_channel();
-    let mut a = spawn_worker(args, "worker-a", table, t0_ms, tx.clone())?;
+    let pod_a = worker_pod(client, &args.namespace, "worker-a").await?;
+    let pod_b = worker_pod(client, &args.namespace, "worker-b").await?;
+    let mut a = spawn_worker(args, &pod_a, "worker-a", table, t0_ms, tx.clone())?;
     let mut b: Option<Worker> = None;
     let (mut stale_refused, mut stale_accepted, mut fresh_accepted) = (0, 0, 0);
     let mut paused = false;
@@ -415,7 +523,14 @@ async fn play(
         say(t0, who, &report.text);
         match (who, report.event) {
             ("worker-a", Event::Granted) => {
-                b = Some(spawn_worker(args, "worker-b", table, t0_ms, tx.clone())?);
+                b = Some(spawn_worker(
+                    args,
+                    &pod_b,
+                    "worker-b",
+                    table,
+                    t0_ms,
+                    tx.clone(),
+                )?);
                 say(t0, "demo", "worker-b starts and waits for the lease");
             }
             ("worker-a", Event::Paying) => {
@@ -477,7 +592,7 @@ async fn play(
             "was never written"
         }
     );
-    let ok = stale_refused == 3
+    let ok = stale_refused == 4
         && stale_accepted == 0
         && fresh_accepted == 3
         && paid_by.as_deref() == Some("worker-b")
@@ -485,7 +600,7 @@ async fn play(
         && !a_receipt;
     if ok {
         println!(
-            "OK: the dividend was paid once. All 3 stale writes of worker-a were refused (2 by the apiserver, 1 by PostgreSQL)."
+            "OK: the dividend was paid once. All 4 stale writes of worker-a were refused (3 by the apiserver, a plain delete among them, 1 by PostgreSQL)."
         );
     } else {
         println!(
