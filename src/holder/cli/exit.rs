@@ -19,7 +19,8 @@ pub const NOT_ACQUIRED: u8 = 75;
 /// The lease was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL after `--grace`.
 pub const LOST: u8 = 76;
 /// The apiserver refused a request or a heartbeat with 403 (EX_NOPERM): bind the holder
-/// Role; a claim may be changed only by its creator. Not a loss: waiting would not help.
+/// Role; a claim may be changed only by its creator (the pod that made it). Not a loss:
+/// waiting would not help.
 pub const FORBIDDEN: u8 = 77;
 /// CMD exists but could not be executed (as in a shell).
 pub const CANNOT_EXECUTE: u8 = 126;

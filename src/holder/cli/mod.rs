@@ -33,7 +33,9 @@ Exit codes:
   75    not acquired within --wait (--wait 0: the lease is held or others wait)
   76    lease lost while CMD ran (CMD's group was sent SIGTERM, then SIGKILL after --grace)
   77    forbidden (403): bind the holder Role (deploy/rbac/holder-role.yaml); a claim can
-        be changed only by its creator. Also when a heartbeat is refused so while CMD ran
+        be changed only by its creator (by the pod that made it, when made from a pod);
+        release --all: a claim it could not release. Also when a heartbeat is refused so
+        while CMD ran
   126   CMD could not be executed
   127   CMD not found
   128+N ended by signal N: run: CMD was; waiting: kubectl fence was (130 Ctrl-C, 143 SIGTERM)"
