@@ -209,6 +209,48 @@ async fn i8_lease_duration_and_min_token_bounds_are_enforced() {
 }
 
 #[tokio::test]
+async fn i8_what_a_lease_fences_is_checked_at_admission() {
+    let ns = TestNamespace::new("crd-fence").await;
+    let leases = ns.api::<FencedLease>();
+    let pp = PostParams::default();
+    for (fence, expected) in [
+        (
+            json!({"resources": [{"group": "fencing.dev", "resource": "fencedleaseclaims"}]}),
+            "objects of group fencing.dev cannot be fenced",
+        ),
+        (json!({"resources": []}), "spec.fence.resources"),
+        (
+            json!({"resources": [{"resource": "deployments/scale"}]}),
+            "spec.fence.resources[0].resource",
+        ),
+        (
+            json!({"resources": [{"resource": "*"}]}),
+            "spec.fence.resources[0].resource",
+        ),
+    ] {
+        let (code, msg) = api_error_message(
+            leases
+                .create(&pp, &lease("l", json!({"fence": fence})))
+                .await,
+        );
+        assert_eq!(code, 422, "{fence}: {msg}");
+        assert!(msg.contains(expected), "{fence}: {expected:?} not in {msg}");
+    }
+    let fenced = leases
+        .create(
+            &pp,
+            &lease(
+                "l",
+                json!({"fence": {"resources": [{"group": "apps", "resource": "deployments"}, {"resource": "configmaps"}], "selector": {"matchLabels": {"app": "books"}}}}),
+            ),
+        )
+        .await
+        .expect("a valid fence");
+    let fence = fenced.spec.fence.expect("kept");
+    assert_eq!(fence.resources[1].group, "", "the core group by default");
+}
+
+#[tokio::test]
 async fn i8_names_that_do_not_fit_the_annotation_key_are_refused() {
     let ns = TestNamespace::new("crd-names").await;
     let pp = PostParams::default();

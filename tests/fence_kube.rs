@@ -14,7 +14,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, api_error_message, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION};
 use fenced_lease::fence::{self, kube::stamp_patch};
-use fenced_lease::operator::fence_binding::{binding_name, desired_binding};
+use fenced_lease::operator::fence_binding::{binding_name, desired_binding, kinds_binding_name};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -339,9 +339,56 @@ async fn operator_keeps_a_binding_exactly_while_the_lease_fences_objects() {
     set(true).await;
     wait_for("the binding back", WAIT, || binding(&ns, "payouts")).await;
 
-    // The binding goes before the lease's finalizer does.
+    // spec.fence: a second binding, for the kinds it names, kept and removed the same way.
+    let kinds = || async {
+        Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone())
+            .get_opt(&kinds_binding_name(&ns.name, "payouts"))
+            .await
+            .expect("get binding")
+    };
+    let fence = |value: serde_json::Value| {
+        let leases = leases.clone();
+        async move {
+            leases
+                .patch(
+                    "payouts",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"fence": value}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    fence(json!({"resources": [{"group": "apps", "resource": "deployments"}]})).await;
+    let b = wait_for("the kinds binding", WAIT, kinds).await;
+    let rules = b.spec.match_resources.unwrap().resource_rules.unwrap();
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["deployments".to_string(), "deployments/*".to_string()][..])
+    );
+    fence(json!({"resources": [{"resource": "configmaps"}]})).await;
+    wait_for("the kinds binding follows the spec", WAIT, || async {
+        let b = kinds().await?;
+        let rules = b.spec.match_resources?.resource_rules?;
+        (rules[0].resources.as_deref()? == ["configmaps", "configmaps/*"]).then_some(())
+    })
+    .await;
+    fence(serde_json::Value::Null).await;
+    wait_for("the kinds binding deleted", WAIT, || async {
+        kinds().await.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        binding(&ns, "payouts").await.is_some(),
+        "the label binding stays"
+    );
+    fence(json!({"resources": [{"resource": "configmaps"}]})).await;
+    wait_for("the kinds binding back", WAIT, kinds).await;
+
+    // The bindings go before the lease's finalizer does.
     ns.delete_lease("payouts").await;
     assert!(binding(&ns, "payouts").await.is_none());
+    assert!(kinds().await.is_none());
 
     // One left behind (its lease deleted while no operator ran) goes when an operator starts.
     let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone());

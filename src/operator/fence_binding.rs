@@ -446,6 +446,81 @@ mod tests {
     }
 
     #[test]
+    fn kinds_binding_matches_each_kind_with_its_subresources_in_the_lease_namespace() {
+        let fence: FenceSpec = serde_json::from_value(serde_json::json!({
+            "resources": [{"group": "apps", "resource": "deployments"}, {"resource": "configmaps"}],
+            "selector": {"matchLabels": {"app": "books"}},
+        }))
+        .unwrap();
+        let b = desired_kinds_binding("team-a", "books", &fence);
+        assert_eq!(b.name_any(), "fenced-lease-kinds.team-a.books");
+        assert_ne!(b.name_any(), desired_binding("team-a", "books").name_any());
+        let m = b.spec.match_resources.as_ref().unwrap();
+        let rules: Vec<_> = m
+            .resource_rules
+            .iter()
+            .flatten()
+            .map(|r| (r.api_groups.clone().unwrap(), r.resources.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (
+                    vec!["apps".to_string()],
+                    vec!["deployments".to_string(), "deployments/*".to_string()]
+                ),
+                (
+                    vec!["".to_string()],
+                    vec!["configmaps".to_string(), "configmaps/*".to_string()]
+                ),
+            ]
+        );
+        assert_eq!(m.object_selector, fence.selector);
+        assert_eq!(
+            m.namespace_selector.clone().unwrap().match_labels.unwrap()["kubernetes.io/metadata.name"],
+            "team-a"
+        );
+    }
+
+    #[test]
+    fn a_lease_wants_a_binding_per_way_it_fences_and_none_while_deleted() {
+        let mut lease = FencedLease::new(
+            "books",
+            serde_json::from_value(serde_json::json!({
+                "fenceObjects": true,
+                "fence": {"resources": [{"resource": "configmaps"}]},
+            }))
+            .unwrap(),
+        );
+        let wanted = |lease: &FencedLease| {
+            desired_bindings("ns", "books", lease)
+                .map(|(name, desired, asked)| (name, desired.is_some(), asked))
+        };
+        assert_eq!(
+            wanted(&lease),
+            [
+                ("fenced-lease.ns.books".to_string(), true, true),
+                ("fenced-lease-kinds.ns.books".to_string(), true, true),
+            ]
+        );
+        lease.spec.fence_objects = false;
+        lease.spec.fence = None;
+        assert_eq!(
+            wanted(&lease).map(|(_, desired, asked)| (desired, asked)),
+            [(false, false), (false, false)]
+        );
+        lease.spec.fence_objects = true;
+        lease.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        assert_eq!(
+            wanted(&lease).map(|(_, desired, asked)| (desired, asked)),
+            [(false, true), (false, false)]
+        );
+    }
+
+    #[test]
     fn defaults_added_by_the_apiserver_do_not_count_as_a_change() {
         let desired = desired_binding("ns", "l");
         let mut stored = desired.clone();
@@ -454,5 +529,22 @@ mod tests {
         assert!(is_current(&stored, &desired));
         stored.spec.param_ref.as_mut().unwrap().name = Some("other".into());
         assert!(!is_current(&stored, &desired));
+
+        let fence: FenceSpec =
+            serde_json::from_value(serde_json::json!({"resources": [{"resource": "configmaps"}]}))
+                .unwrap();
+        let desired = desired_kinds_binding("ns", "l", &fence);
+        let mut stored = desired.clone();
+        let m = stored.spec.match_resources.as_mut().unwrap();
+        m.match_policy = Some("Equivalent".into());
+        m.object_selector = Some(LabelSelector::default());
+        m.exclude_resource_rules = Some(vec![]);
+        assert!(is_current(&stored, &desired), "defaults only");
+        let m = stored.spec.match_resources.as_mut().unwrap();
+        m.resource_rules.as_mut().unwrap()[0].resources = Some(vec!["configmaps".into()]);
+        assert!(
+            !is_current(&stored, &desired),
+            "a subresource rule dropped by hand"
+        );
     }
 }
