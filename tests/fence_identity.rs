@@ -91,7 +91,7 @@ apiVersion: fencing.dev/v1alpha1
 kind: FencedLease
 metadata: {name: books}
 spec:
-  leaseDurationSeconds: 3
+  leaseDurationSeconds: 5
   fenceObjects: true
   fence:
     resources:
