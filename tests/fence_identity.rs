@@ -44,14 +44,15 @@ async fn claim_as_pod(ns: &TestNamespace, pod: &TestPod, lease: &str) {
     .await;
 }
 
-/// `kubectl` as the user of `kubeconfig`, with `stdin` piped in when given.
-fn kubectl_as(ns: &TestNamespace, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+/// `kubectl COMMAND` (split on spaces: JSON in it has none) as the user of `kubeconfig`, with
+/// `stdin` piped in when given.
+fn kubectl_as(ns: &TestNamespace, kubeconfig: &Path, command: &str, stdin: Option<&str>) -> Output {
     use std::io::Write;
     let mut cmd = std::process::Command::new(&common::control_plane().kubectl);
     cmd.arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--request-timeout=30s", "-n", &ns.name])
-        .args(args)
+        .args(command.split(' '))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -126,7 +127,7 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
     // cache shows it as the holder (the identity rule reads the lease through an informer).
     let deployment = DEPLOYMENT.replace("TOKEN", &tb.to_string());
     wait_for("pb's Deployment accepted", WAIT, || async {
-        kubectl_as(&ns, &as_pb, &["apply", "-f", "-"], Some(&deployment))
+        kubectl_as(&ns, &as_pb, "apply -f -", Some(&deployment))
             .status
             .success()
             .then_some(())
@@ -135,7 +136,7 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
     let out = kubectl_as(
         &ns,
         &as_pb,
-        &["apply", "-f", "-"],
+        "apply -f -",
         Some(&stamped_config_map("ledger", tb, "pb")),
     );
     assert!(
@@ -146,7 +147,7 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
     let out = kubectl_as(
         &ns,
         &as_pb,
-        &["create", "configmap", "plain", "--from-literal=x=pb"],
+        "create configmap plain --from-literal=x=pb",
         None,
     );
     assert!(
@@ -156,115 +157,24 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
     );
 
     // The stale pod, with plain kubectl and its own token.
-    let old = ta.to_string();
-    let attempts: Vec<(&str, Vec<String>, Option<String>)> = vec![
-        (
-            "a patch stamped with its old token",
-            args(&[
-                "patch",
-                "configmap",
-                "ledger",
-                "--type=merge",
-                "-p",
-                &format!(
-                    r#"{{"metadata":{{"annotations":{{"fencing.dev/token":"{old}"}}}},"data":{{"x":"pa"}}}}"#
-                ),
-            ]),
-            None,
-        ),
-        (
-            "a patch that leaves the token alone",
-            args(&[
-                "patch",
-                "configmap",
-                "ledger",
-                "--type=merge",
-                "-p",
-                r#"{"data":{"x":"pa"}}"#,
-            ]),
-            None,
-        ),
-        (
-            "a patch of an unlabelled object",
-            args(&[
-                "patch",
-                "configmap",
-                "plain",
-                "--type=merge",
-                "-p",
-                r#"{"data":{"x":"pa"}}"#,
-            ]),
-            None,
-        ),
-        (
-            "a JSON patch",
-            args(&[
-                "patch",
-                "deployment",
-                "web",
-                "--type=json",
-                "-p",
-                r#"[{"op":"replace","path":"/spec/replicas","value":5}]"#,
-            ]),
-            None,
-        ),
-        (
-            "a status patch",
-            args(&[
-                "patch",
-                "deployment",
-                "web",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                r#"{"status":{"observedGeneration":42}}"#,
-            ]),
-            None,
-        ),
-        (
-            "a scale",
-            args(&["scale", "deployment", "web", "--replicas=4"]),
-            None,
-        ),
-        (
-            "a label change",
-            args(&["label", "configmap", "ledger", "stale=pa"]),
-            None,
-        ),
-        (
-            "a server-side apply",
-            args(&["apply", "--server-side", "--force-conflicts", "-f", "-"]),
-            Some(stamped_config_map("ledger", tb, "pa")),
-        ),
-        (
-            "a create",
-            args(&["create", "configmap", "pa-new", "--from-literal=x=pa"]),
-            None,
-        ),
-        (
-            "a create stamped with its old token",
-            args(&["apply", "-f", "-"]),
-            Some(stamped_config_map("pa-stamped", ta, "pa")),
-        ),
-        (
-            "a delete of an object the holder wrote",
-            args(&["delete", "configmap", "ledger"]),
-            None,
-        ),
-        (
-            "a delete by label selector",
-            args(&["delete", "configmaps", "-l", "fencing.dev/lease=books"]),
-            None,
-        ),
-        (
-            "a delete of the Deployment",
-            args(&["delete", "deployment", "web"]),
-            None,
-        ),
+    // What is written, the command, and its stdin.
+    let attempts = [
+        ("a patch stamped with its old token", format!(r#"patch configmap ledger --type=merge -p {{"metadata":{{"annotations":{{"fencing.dev/token":"{ta}"}}}},"data":{{"x":"pa"}}}}"#), None),
+        ("a patch that leaves the token alone", r#"patch configmap ledger --type=merge -p {"data":{"x":"pa"}}"#.into(), None),
+        ("a patch of an unlabelled object", r#"patch configmap plain --type=merge -p {"data":{"x":"pa"}}"#.into(), None),
+        ("a JSON patch", r#"patch deployment web --type=json -p [{"op":"replace","path":"/spec/replicas","value":5}]"#.into(), None),
+        ("a status patch", r#"patch deployment web --subresource=status --type=merge -p {"status":{"observedGeneration":42}}"#.into(), None),
+        ("a scale", "scale deployment web --replicas=4".into(), None),
+        ("a label change", "label configmap ledger stale=pa".into(), None),
+        ("a server-side apply", "apply --server-side --force-conflicts -f -".into(), Some(stamped_config_map("ledger", tb, "pa"))),
+        ("a create", "create configmap pa-new --from-literal=x=pa".into(), None),
+        ("a create stamped with its old token", "apply -f -".into(), Some(stamped_config_map("pa-stamped", ta, "pa"))),
+        ("a delete of an object the holder wrote", "delete configmap ledger".into(), None),
+        ("a delete by label selector", "delete configmaps -l fencing.dev/lease=books".into(), None),
+        ("a delete of the Deployment", "delete deployment web".into(), None),
     ];
-    for (what, argv, stdin) in &attempts {
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let out = kubectl_as(&ns, &as_pa, &argv, stdin.as_deref());
+    for (what, command, stdin) in &attempts {
+        let out = kubectl_as(&ns, &as_pa, command, stdin.as_deref());
         let text = both(&out);
         assert!(
             !out.status.success(),
@@ -290,37 +200,18 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
     assert!(cms.get_opt("pa-new").await.unwrap().is_none());
 
     // The holder's own patch, status patch and scale pass.
-    for (what, argv) in [
+    for (what, command) in [
         (
             "patch",
-            args(&[
-                "patch",
-                "configmap",
-                "ledger",
-                "--type=merge",
-                "-p",
-                r#"{"data":{"x":"pb again"}}"#,
-            ]),
+            r#"patch configmap ledger --type=merge -p {"data":{"x":"pb-again"}}"#,
         ),
         (
             "status patch",
-            args(&[
-                "patch",
-                "deployment",
-                "web",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                r#"{"status":{"observedGeneration":1}}"#,
-            ]),
+            r#"patch deployment web --subresource=status --type=merge -p {"status":{"observedGeneration":1}}"#,
         ),
-        (
-            "scale",
-            args(&["scale", "deployment", "web", "--replicas=2"]),
-        ),
+        ("scale", "scale deployment web --replicas=2"),
     ] {
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let out = kubectl_as(&ns, &as_pb, &argv, None);
+        let out = kubectl_as(&ns, &as_pb, command, None);
         assert!(
             out.status.success(),
             "the holder's {what} was refused: {}",
@@ -333,21 +224,14 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
     let out = kubectl_as(
         &ns,
         &admin,
-        &[
-            "patch",
-            "configmap",
-            "plain",
-            "--type=merge",
-            "-p",
-            r#"{"data":{"x":"admin"}}"#,
-        ],
+        r#"patch configmap plain --type=merge -p {"data":{"x":"admin"}}"#,
         None,
     );
     assert!(out.status.success(), "{}", both(&out));
     let out = kubectl_as(
         &ns,
         &admin,
-        &["apply", "-f", "-"],
+        "apply -f -",
         Some(&stamped_config_map("ledger", ta, "admin")),
     );
     let text = both(&out);
@@ -367,24 +251,13 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         let out = kubectl_as(
             &ns,
             &as_pb,
-            &[
-                "patch",
-                "configmap",
-                "plain",
-                "--type=merge",
-                "-p",
-                r#"{"data":{"x":"pb late"}}"#,
-            ],
+            r#"patch configmap plain --type=merge -p {"data":{"x":"pb-late"}}"#,
             None,
         );
         (!out.status.success()).then(|| both(&out))
     })
     .await;
     assert!(text.contains("(nobody holds it)"), "{text}");
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
 }
 
 #[tokio::test]

@@ -239,8 +239,15 @@ async fn create_fencing_lease(ns: &TestNamespace, name: &str) {
 }
 
 async fn binding(ns: &TestNamespace, lease: &str) -> Option<ValidatingAdmissionPolicyBinding> {
+    named_binding(ns, binding_name(&ns.name, lease)).await
+}
+
+async fn named_binding(
+    ns: &TestNamespace,
+    name: String,
+) -> Option<ValidatingAdmissionPolicyBinding> {
     Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone())
-        .get_opt(&binding_name(&ns.name, lease))
+        .get_opt(&name)
         .await
         .expect("get binding")
 }
@@ -318,47 +325,30 @@ async fn operator_keeps_a_binding_exactly_while_the_lease_fences_objects() {
     );
 
     let leases = ns.api::<FencedLease>();
-    let set = |on: bool| {
+    let set = |spec: serde_json::Value| {
         let leases = leases.clone();
         async move {
             leases
                 .patch(
                     "payouts",
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"fenceObjects": on}})),
+                    &Patch::Merge(json!({ "spec": spec })),
                 )
                 .await
                 .unwrap();
         }
     };
-    set(false).await;
+    set(json!({"fenceObjects": false})).await;
     wait_for("the binding deleted", WAIT, || async {
         binding(&ns, "payouts").await.is_none().then_some(())
     })
     .await;
-    set(true).await;
+    set(json!({"fenceObjects": true})).await;
     wait_for("the binding back", WAIT, || binding(&ns, "payouts")).await;
 
     // spec.fence: a second binding, for the kinds it names, kept and removed the same way.
-    let kinds = || async {
-        Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone())
-            .get_opt(&kinds_binding_name(&ns.name, "payouts"))
-            .await
-            .expect("get binding")
-    };
-    let fence = |value: serde_json::Value| {
-        let leases = leases.clone();
-        async move {
-            leases
-                .patch(
-                    "payouts",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"fence": value}})),
-                )
-                .await
-                .unwrap();
-        }
-    };
+    let kinds = || named_binding(&ns, kinds_binding_name(&ns.name, "payouts"));
+    let fence = |value: serde_json::Value| set(json!({ "fence": value }));
     fence(json!({"resources": [{"group": "apps", "resource": "deployments"}]})).await;
     let b = wait_for("the kinds binding", WAIT, kinds).await;
     let rules = b.spec.match_resources.unwrap().resource_rules.unwrap();
