@@ -7,6 +7,8 @@ mod checker;
 #[allow(dead_code)] // the rest serves the suite's processes
 #[path = "jepsen/history.rs"]
 mod history;
+#[path = "jepsen/stale.rs"]
+mod stale;
 
 use checker::{Config, Kind, Report, check};
 use history::{Entry, Event, FaultKind, LogEntry, Resource, Target};
@@ -92,6 +94,7 @@ impl History {
                 token,
                 term: Some(2),
                 waiting: 1,
+                pod: holder.map(|h| format!("pod-of-{h}")),
             },
         )
     }
@@ -115,6 +118,7 @@ impl History {
                 key: key.into(),
                 lease: "a".into(),
                 token,
+                how: None,
             },
         );
         self.at(ms + 5, p, answer)
@@ -385,6 +389,7 @@ fn a_refused_write_that_was_applied_is_caught() {
         Event::WriteRefused {
             id: "holder-0.0#1".into(),
             highest: 101,
+            not_holder: None,
         },
     )
     .log(3_001, Resource::Redis, "ns:{a}", &[(100, "holder-0.0#1")]);
@@ -572,4 +577,213 @@ fn a_history_survives_a_round_trip_through_json_lines() {
     assert_eq!(damaged, 1);
     assert_eq!(loaded.len(), h.0.len());
     assert!(check(&loaded, &Config::default()).violations.is_empty());
+}
+
+// ---- stale-writer (I11): writes of pods that no longer held the lease ----
+
+impl History {
+    /// The runner started process `p` as pod `pod`.
+    fn spawned(&mut self, ms: u64, p: &str, pod: &str) -> &mut Self {
+        self.at(
+            ms,
+            "runner",
+            Event::Spawned {
+                process: p.into(),
+                pid: 1,
+                lease: "a".into(),
+                pod: Some(pod.into()),
+            },
+        )
+    }
+
+    /// `p` writes the workload of lease `a` (no token stamped) at `ms`; `answer` 5 ms later.
+    fn workload(&mut self, ms: u64, p: &str, id: &str, token: i64, answer: Event) -> &mut Self {
+        self.write(
+            ms,
+            p,
+            id,
+            (Resource::Workload, "deployments/jepsen-a/scale"),
+            token,
+            answer,
+        )
+    }
+}
+
+fn refused_by_identity(id: &str) -> Event {
+    Event::WriteRefused {
+        id: id.into(),
+        highest: 0,
+        not_holder: Some("Scale ns/jepsen-a (scale): pod holder-0.0 does not hold FencedLease ns/a (pod holder-1.0 holds it)".into()),
+    }
+}
+
+/// Holder 0 (pod u0) holds token 100 until 1 000 ms and lets its claim expire; the lease
+/// status shows holder 1 (pod u1, token 101) at 1 150 ms.
+fn two_pods() -> History {
+    let mut h = History::default();
+    h.spawned(0, "holder-0.0", "u0")
+        .spawned(0, "holder-1.0", "u1")
+        .status(0, "a", 10, Some("a-1"), 100)
+        .holds("holder-0.0", "a", "a-1", 100, 10, 1_000)
+        .workload(500, "holder-0.0", "w0", 100, accepted("w0"))
+        .status(1_150, "a", 12, Some("a-2"), 101)
+        .holds("holder-1.0", "a", "a-2", 101, 1_200, 2_000)
+        .workload(1_500, "holder-1.0", "w1", 101, accepted("w1"));
+    h
+}
+
+#[test]
+fn pods_writing_while_they_hold_pass_and_are_counted() {
+    let report = two_pods().check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.identity.answered, 2);
+    assert_eq!(
+        report.identity.stale_accepted + report.identity.stale_refused,
+        0
+    );
+    assert_eq!(report.writes[&Resource::Workload].accepted, 2);
+    let table = report.to_string();
+    assert!(table.contains("stale-writer"), "{table}");
+    assert!(
+        table.contains("identity fence (I11): 2 answered writes"),
+        "{table}"
+    );
+}
+
+/// Deliberate fault 4: the identity rule switched off. A stale pod's scale, a second after the
+/// lease moved on, is accepted.
+#[test]
+fn a_stale_pod_whose_write_is_accepted_long_after_the_lease_moved_on_is_caught() {
+    let mut h = two_pods();
+    h.workload(2_150, "holder-0.0", "w2", 100, accepted("w2"));
+    let message = only(&h.check(), Kind::StaleWriter);
+    assert!(
+        message.contains("deployments/jepsen-a/scale accepted write w2 of holder-0.0 (pod UID u0; it held token 100)")
+            && message.contains("1000 ms after the lease had moved on")
+            && message.contains("observer saw its status at resourceVersion 12"),
+        "{message}"
+    );
+
+    // Refused, it is what the rule is for: counted, no violation.
+    let mut h = two_pods();
+    h.workload(2_150, "holder-0.0", "w2", 100, refused_by_identity("w2"));
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.identity.stale_refused, 1);
+
+    // The labelled ConfigMap, stamped, is fenced by identity too.
+    let mut h = two_pods();
+    h.write(
+        2_150,
+        "holder-0.0",
+        "w3",
+        (Resource::Kube, "jepsen-a"),
+        100,
+        accepted("w3"),
+    );
+    only(&h.check(), Kind::StaleWriter);
+}
+
+/// Within the allowance after the first sign of the move, the apiserver's cache may still
+/// show the old holder: measured, not a violation. The first sign may be the new holder's own
+/// grant, before the watch shows it.
+#[test]
+fn a_stale_write_within_the_informer_allowance_is_measured_not_a_violation() {
+    let mut h = two_pods();
+    h.workload(1_250, "holder-0.0", "w2", 100, accepted("w2"));
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.identity.stale_accepted, 1);
+    assert_eq!(report.identity.latest_accepted, Some(100 * MS));
+    assert!(report.to_string().contains("the latest sent 100 ms after"));
+
+    // Past the allowance after the new holder learned of its grant (1 200 ms), the watch
+    // showing it later (1 400 ms): caught.
+    let mut h = History::default();
+    h.spawned(0, "holder-0.0", "u0")
+        .status(0, "a", 10, Some("a-1"), 100)
+        .holds("holder-0.0", "a", "a-1", 100, 10, 1_000)
+        .holds("holder-1.0", "a", "a-2", 101, 1_200, 2_000)
+        .status(1_400, "a", 12, Some("a-2"), 101)
+        .workload(1_460, "holder-0.0", "w2", 100, accepted("w2"));
+    let message = only(&h.check(), Kind::StaleWriter);
+    assert!(
+        message.contains("260 ms after the lease had moved on (holder-1.0 was granted token 101"),
+        "{message}"
+    );
+
+    // The allowance is a setting.
+    let mut h = two_pods();
+    h.workload(1_250, "holder-0.0", "w2", 100, accepted("w2"));
+    let config = Config {
+        identity_allowance: 50 * MS,
+        ..Config::default()
+    };
+    assert_eq!(check(&h.0, &config).count(Kind::StaleWriter), 1);
+}
+
+/// A hold also ends with no successor: the status shows no holder (an expiry with no one
+/// waiting); the pod may not write after that either.
+#[test]
+fn a_stale_write_after_an_expiry_with_no_successor_is_caught() {
+    let mut h = History::default();
+    h.spawned(0, "holder-0.0", "u0")
+        .status(0, "a", 10, Some("a-1"), 100)
+        .holds("holder-0.0", "a", "a-1", 100, 10, 1_000)
+        .status(1_100, "a", 11, None, 100)
+        .workload(2_000, "holder-0.0", "w0", 100, accepted("w0"));
+    let message = only(&h.check(), Kind::StaleWriter);
+    assert!(message.contains("token 100, no holder"), "{message}");
+}
+
+/// A lease deleted and created again takes its fence with it until the new lease's first
+/// grant: writes in between are not judged, writes after it are.
+#[test]
+fn writes_while_the_lease_is_deleted_are_not_judged() {
+    let fault = |ms, end| {
+        (
+            ms,
+            if end {
+                Event::FaultEnd {
+                    kind: FaultKind::RecreateLease,
+                    detail: String::new(),
+                }
+            } else {
+                Event::FaultStart {
+                    kind: FaultKind::RecreateLease,
+                    detail: String::new(),
+                    target: None,
+                    lease: Some("a".into()),
+                }
+            },
+        )
+    };
+    let deleted = || {
+        let mut h = History::default();
+        h.spawned(0, "holder-0.0", "u0")
+            .status(0, "a", 10, Some("a-1"), 100)
+            .holds("holder-0.0", "a", "a-1", 100, 10, 1_000);
+        for (ms, ev) in [fault(1_050, false), fault(1_300, true)] {
+            h.at(ms, "nemesis", ev);
+        }
+        // The operator revokes the holder as the lease goes (no fence from then on).
+        h.status(1_100, "a", 11, None, 100)
+            .status(1_400, "a", 20, Some("a-2"), 101);
+        h
+    };
+    let mut h = deleted();
+    h.workload(1_200, "holder-0.0", "w0", 100, accepted("w0"))
+        .workload(1_500, "holder-0.0", "w1", 100, accepted("w1"));
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.identity.excused, 2);
+
+    let mut h = deleted();
+    h.workload(1_700, "holder-0.0", "w2", 100, accepted("w2"));
+    let message = only(&h.check(), Kind::StaleWriter);
+    assert!(
+        message.contains("resourceVersion 20")
+            && message.contains("the first grant since the lease was deleted and created again"),
+        "{message}"
+    );
 }

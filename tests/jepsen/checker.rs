@@ -18,6 +18,9 @@
 //!   by its own order (PostgreSQL log, Redis list, resourceVersions) or by real time;
 //! - **fence-refused-applied** / **accepted-write-missing**: a write reported refused shows up
 //!   in the resource's log, or one reported accepted does not;
+//! - **stale-writer**: the apiserver accepted a write to what a lease fences from a pod that
+//!   no longer held the lease, sent at least [`Config::identity_allowance`] after the history
+//!   shows the lease had moved on (I11; the rule in [`crate::stale`]);
 //! - **liveness**: a holder killed (or cut off) while another process waited is followed by a
 //!   grant of its lease within the term + [`Config::liveness_bound`] (I3), when no other fault
 //!   overlaps.
@@ -26,18 +29,31 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use crate::history::{Entry, Event, FaultKind, LogEntry, Resource};
+use crate::stale::{self, Identity};
 
 /// Checker settings.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// A killed holder's lease must be granted again within its term plus this (ns).
     pub liveness_bound: u64,
+    /// How far the apiserver's informer cache of a lease may lag the store (ns): a pod whose
+    /// hold ended may still write for that long (the identity rule reads the cache), no
+    /// longer. [`IDENTITY_ALLOWANCE`].
+    pub identity_allowance: u64,
 }
+
+/// How far behind the store the checker lets the apiserver's cache of a lease be (I11): a
+/// pod's write sent this long after the history shows its hold ended must have been refused.
+/// Well above the window runs show (their summary prints the latest stale write let through),
+/// well inside a term (the holders' margin, I6, is counted in terms): a pod writing a second
+/// after losing its lease is caught.
+pub const IDENTITY_ALLOWANCE: u64 = 250_000_000;
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             liveness_bound: 5_000_000_000,
+            identity_allowance: IDENTITY_ALLOWANCE,
         }
     }
 }
@@ -57,11 +73,12 @@ pub enum Kind {
     FenceAcceptedLower,
     FenceRefusedApplied,
     AcceptedWriteMissing,
+    StaleWriter,
     Liveness,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::TokenIssuedTwice,
         Kind::GrantOrder,
         Kind::OverlappingHolders,
@@ -70,6 +87,7 @@ impl Kind {
         Kind::FenceAcceptedLower,
         Kind::FenceRefusedApplied,
         Kind::AcceptedWriteMissing,
+        Kind::StaleWriter,
         Kind::Liveness,
     ];
 
@@ -83,6 +101,7 @@ impl Kind {
             Kind::FenceAcceptedLower => "fence-accepted-lower",
             Kind::FenceRefusedApplied => "fence-refused-applied",
             Kind::AcceptedWriteMissing => "accepted-write-missing",
+            Kind::StaleWriter => "stale-writer",
             Kind::Liveness => "liveness",
         }
     }
@@ -132,6 +151,9 @@ pub struct Report {
     /// how many, and the longest time after the end of a control-plane restart one came (ns).
     pub policy_unconfigured: usize,
     pub policy_unconfigured_after_restart: Option<u64>,
+    /// What the identity rule did with the writes of pods (I11), and its allowance (ns).
+    pub identity: Identity,
+    pub identity_allowance: u64,
     /// Holder kills whose re-grant was checked, and those skipped (no live waiter, or
     /// another fault or the end of the run inside the window).
     pub liveness_checked: usize,
@@ -171,11 +193,11 @@ impl Report {
     }
 }
 
-fn secs(start: u64, t: u64) -> String {
+pub(crate) fn secs(start: u64, t: u64) -> String {
     format!("{:.3}s", t.saturating_sub(start) as f64 / 1e9)
 }
 
-fn millis(ns: i64) -> String {
+pub(crate) fn millis(ns: i64) -> String {
     format!("{:.0} ms", ns as f64 / 1e6)
 }
 
@@ -245,6 +267,21 @@ impl fmt::Display for Report {
                     .map_or("-".into(), |ns| format!("{:.1} s", ns as f64 / 1e9)),
             )?;
         }
+        let id = &self.identity;
+        writeln!(
+            f,
+            "identity fence (I11): {} answered writes of pods to what a lease fences; sent after the writer's hold had ended: {} refused, {} accepted within the {} allowance (the latest sent {} after the lease had moved on); {} writes of holders refused (the cache behind a grant); {} in a lease's deletion, not judged; {} lease states whose holder named no pod",
+            id.answered,
+            id.stale_refused,
+            id.stale_accepted,
+            millis(i64::try_from(self.identity_allowance).unwrap_or(i64::MAX)),
+            id.latest_accepted.map_or("-".into(), |ns| millis(
+                i64::try_from(ns).unwrap_or(i64::MAX)
+            )),
+            id.holder_refused,
+            id.excused,
+            id.holders_without_pod,
+        )?;
         writeln!(
             f,
             "liveness: {} holders killed or cut off checked ({} skipped: no live waiter, or another fault in the window); worst re-grant {} after the term",
@@ -267,12 +304,14 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
     let mut report = Report {
         start: entries.first().map_or(0, |e| e.t),
         end: entries.last().map_or(0, |e| e.t),
+        identity_allowance: config.identity_allowance,
         ..Report::default()
     };
     count(&entries, &mut report);
     tokens(&entries, &mut report);
     holders(&entries, &mut report);
     fences(&entries, &mut report);
+    stale::check(&entries, config, &mut report);
     liveness(&entries, config, &mut report);
     report.violations.sort_by_key(|v| v.at);
     // The margin expiry leaves.
@@ -380,7 +419,10 @@ fn tokens(entries: &[&Entry], r: &mut Report) {
                 rv,
                 ..
             } => {
-                watched.insert((lease.as_str(), *token));
+                // Not a stale holder's own read of the lease.
+                if e.p == "observer" {
+                    watched.insert((lease.as_str(), *token));
+                }
                 (
                     lease,
                     holder,
@@ -662,7 +704,7 @@ fn fences(entries: &[&Entry], r: &mut Report) {
                 key,
                 token,
                 ..
-            } => {
+            } if resource.checks_tokens() => {
                 writes.insert(
                     id,
                     Write {

@@ -1,8 +1,9 @@
-//! What a run sets up and keeps running: a namespace with the leases and the fenced objects,
-//! the PostgreSQL table and its log, two operator replicas (leader election on, each behind
-//! its own loopback proxy so that it alone can be cut off), the holder processes (restarted
-//! when they die, as a Deployment would), and the observer that records every state of the
-//! leases and of the fenced objects a watch delivers.
+//! What a run sets up and keeps running: a namespace with the leases and the fenced objects
+//! (a labelled ConfigMap, and a workload of the kind each lease fences by kind), the
+//! PostgreSQL table and its log, two operator replicas (leader election on, each behind its
+//! own loopback proxy so that it alone can be cut off), the holder processes (restarted when
+//! they die, as a Deployment would, each as a pod of its own), and the observer that records
+//! every state of the leases and of the fenced objects a watch delivers.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DynamicObject, ObjectMeta, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use nix::sys::signal::{Signal, kill};
@@ -23,7 +24,10 @@ use tokio::sync::broadcast;
 use crate::common::proxy::Proxy;
 use crate::common::{TestNamespace, control_plane};
 use crate::history::{Event, LogEntry, Recorder, Resource, Target};
-use crate::worker::{Settings, config_map_name, pg_table, redis_key};
+use crate::pods::Pods;
+use crate::worker::{Settings, lease_state};
+use crate::workload;
+use crate::writes::{config_map_name, pg_table, redis_key};
 use fenced_lease::api::{FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 
 /// The leader-election Lease of the operator replicas (default name).
@@ -119,7 +123,6 @@ pub struct Slot {
     pub current: std::sync::Mutex<Option<(String, u32)>>,
     /// A library holder reaches the apiserver through its own proxy (to be cut off alone).
     pub proxy: Option<Proxy>,
-    kubeconfig: PathBuf,
 }
 
 impl Slot {
@@ -147,6 +150,7 @@ pub struct Cluster {
     /// This run's own links to the operator and `kubectl-fence` binaries.
     operator: PathBuf,
     kubectl_fence: PathBuf,
+    pods: Pods,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     observer: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -160,8 +164,18 @@ impl Cluster {
         let runner = Arc::new(Recorder::create(&run_dir.join("runner.jsonl"), "runner"));
         std::fs::create_dir_all(run_dir.join("pids")).expect("pids dir");
 
+        let pods = Pods::setup(&ns, &run_dir.join("kubeconfigs")).await;
         for (lease, duration) in LEASES {
             create_lease(&ns, lease, duration).await;
+            let workloads = workload::api(ns.client.clone(), &ns.name, lease);
+            for name in [workload::object_name(lease), workload::scratch_name(lease)] {
+                let object: DynamicObject =
+                    serde_json::from_value(workload::manifest(lease, &name)).expect("a workload");
+                workloads
+                    .create(&PostParams::default(), &object)
+                    .await
+                    .expect("create a fenced workload");
+            }
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(config_map_name(lease)),
@@ -214,6 +228,7 @@ impl Cluster {
             seed,
             operator,
             kubectl_fence,
+            pods,
             tasks: vec![],
             observer: vec![],
         };
@@ -249,17 +264,12 @@ impl Cluster {
                     Kind::Library => Some(Proxy::start(&cluster.ns).await),
                     Kind::Cli => None,
                 };
-                let kubeconfig = proxy.as_ref().map_or_else(
-                    || cp.kubeconfig.clone(),
-                    |p| p.kubeconfig(&cluster.ns, &name),
-                );
                 let slot = Arc::new(Slot {
                     name,
                     lease: lease.into(),
                     kind,
                     current: std::sync::Mutex::new(None),
                     proxy,
-                    kubeconfig,
                 });
                 cluster.supervise_slot(slot.clone());
                 cluster.slots.push(slot);
@@ -294,6 +304,7 @@ impl Cluster {
                     process: format!("{}.{n}", replica.name),
                     pid,
                     lease: String::new(),
+                    pod: None,
                 });
                 let status = tokio::select! {
                     status = child.wait() => status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
@@ -315,17 +326,19 @@ impl Cluster {
 
     fn supervise_slot(&mut self, slot: Arc<Slot>) {
         let (rec, stopping) = (self.runner.clone(), self.stopping.clone());
-        let kubectl_fence = self.kubectl_fence.clone();
+        let (kubectl_fence, pods) = (self.kubectl_fence.clone(), self.pods.clone());
         let base = Settings {
             process: String::new(),
             namespace: self.ns.name.clone(),
             lease: slot.lease.clone(),
-            kubeconfig: slot.kubeconfig.clone(),
+            kubeconfig: PathBuf::new(),
             run_dir: self.run_dir.clone(),
             postgres: self.postgres.clone(),
             redis: self.redis.clone(),
             term: Cluster::term_of(&slot.lease),
             seed: self.seed,
+            kubectl: control_plane().kubectl.clone(),
+            pod: None,
         };
         self.tasks.push(tokio::spawn(async move {
             let exe = std::env::current_exe().expect("this test binary");
@@ -334,8 +347,19 @@ impl Cluster {
                     return;
                 }
                 let process = format!("{}.{n}", slot.name);
+                // Its own pod, as a Deployment's new replica (retried through a restart of
+                // the control plane).
+                let pod = loop {
+                    match pods.create(&process, slot.proxy.as_ref()).await {
+                        Ok(pod) => break pod,
+                        Err(_) if stopping.load(Ordering::SeqCst) => return,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                    }
+                };
                 let settings = Settings {
                     process: process.clone(),
+                    kubeconfig: pod.kubeconfig.clone(),
+                    pod: Some((pod.name.clone(), pod.uid.clone())),
                     ..base.clone()
                 };
                 let mut cmd = match slot.kind {
@@ -379,6 +403,7 @@ impl Cluster {
                     process: process.clone(),
                     pid,
                     lease: slot.lease.clone(),
+                    pod: Some(pod.uid),
                 });
                 let status = child
                     .wait()
@@ -415,21 +440,7 @@ impl Cluster {
                         let name = lease.metadata.name.clone().unwrap_or_default();
                         let status = lease.status.clone().unwrap_or_default();
                         let holder = status.holder.as_ref().map(|h| h.claim.clone());
-                        rec_l.record(Event::LeaseState {
-                            lease: name.clone(),
-                            uid: lease.metadata.uid.clone().unwrap_or_default(),
-                            rv: lease
-                                .metadata
-                                .resource_version
-                                .as_deref()
-                                .and_then(|rv| rv.parse().ok())
-                                .unwrap_or(0),
-                            holder: holder.clone(),
-                            identity: status.holder.as_ref().map(|h| h.identity.clone()),
-                            token: status.fencing_token,
-                            term: status.lease_duration_seconds,
-                            waiting: status.waiting,
-                        });
+                        rec_l.record(lease_state(&lease));
                         let now = (holder.clone(), status.fencing_token);
                         if let Some(h) = &status.holder
                             && last.get(&name) != Some(&now)
@@ -676,9 +687,6 @@ impl Cluster {
             replica.signal(Signal::SIGKILL);
             let _ = std::fs::remove_file(&replica.kubeconfig);
         }
-        for slot in self.slots.iter().filter(|s| s.proxy.is_some()) {
-            let _ = std::fs::remove_file(&slot.kubeconfig);
-        }
     }
 }
 
@@ -721,12 +729,17 @@ async fn postgres(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// Creates (or re-creates) lease `name` with `duration`, fencing the objects labelled with it.
+/// Creates (or re-creates) lease `name` with `duration`, fencing the objects labelled with it
+/// and its workload kind.
 pub async fn create_lease(ns: &TestNamespace, name: &str, duration: i32) {
     let lease: FencedLease = serde_json::from_value(serde_json::json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
         "metadata": {"name": name},
-        "spec": {"leaseDurationSeconds": duration, "fenceObjects": true},
+        "spec": {
+            "leaseDurationSeconds": duration,
+            "fenceObjects": true,
+            "fence": workload::fence_spec(name),
+        },
     }))
     .expect("lease object");
     let api = ns.api::<FencedLease>();

@@ -27,7 +27,7 @@ pub struct Entry {
     pub ev: Event,
 }
 
-/// The fenced resources every holder writes its token to.
+/// The fenced resources every holder writes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Resource {
@@ -37,17 +37,37 @@ pub enum Resource {
     Postgres,
     /// A Redis key (the Lua script).
     Redis,
+    /// A workload object of the kind the lease fences by kind (`spec.fence`): its status,
+    /// scale, metadata, deletion and creation, written unstamped, so that only the writer's
+    /// pod identity fences them (I11).
+    Workload,
 }
 
 impl Resource {
-    pub const ALL: [Resource; 3] = [Resource::Kube, Resource::Postgres, Resource::Redis];
+    pub const ALL: [Resource; 4] = [
+        Resource::Kube,
+        Resource::Postgres,
+        Resource::Redis,
+        Resource::Workload,
+    ];
 
     pub fn describe(self) -> &'static str {
         match self {
             Resource::Kube => "Kubernetes object",
             Resource::Postgres => "PostgreSQL row",
             Resource::Redis => "Redis key",
+            Resource::Workload => "workload fenced by kind",
         }
+    }
+
+    /// Does the resource order writes by their token? (A workload's writes carry none.)
+    pub fn checks_tokens(self) -> bool {
+        self != Resource::Workload
+    }
+
+    /// Does the apiserver fence the writes by the writer's pod (I11)?
+    pub fn fenced_by_identity(self) -> bool {
+        matches!(self, Resource::Kube | Resource::Workload)
     }
 }
 
@@ -191,22 +211,29 @@ pub enum Event {
     },
 
     // ---- writes (both kinds of holder) ----
+    /// `token`: the token the writer holds (stamped on what it writes, except on a workload).
     WriteAttempt {
         id: String,
         resource: Resource,
         key: String,
         lease: String,
         token: i64,
+        /// How a workload write was made: `<verb> (client|kubectl)`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        how: Option<String>,
     },
     /// Accepted; `seq` is the resource's own order when the answer carries it.
     WriteAccepted {
         id: String,
         seq: Option<u64>,
     },
-    /// Refused by the fence: a higher token was accepted before.
+    /// Refused by the fence: a higher token was accepted before (`highest`), or the writer's
+    /// pod does not hold the lease (`not_holder`: the apiserver's message; `highest` 0).
     WriteRefused {
         id: String,
         highest: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_holder: Option<String>,
     },
     /// No answer (timeout, connection lost): it may or may not have been applied.
     WriteFailed {
@@ -215,7 +242,7 @@ pub enum Event {
     },
 
     // ---- the observer (watches of the API) ----
-    /// A FencedLease as a watch delivered it.
+    /// A FencedLease as a watch delivered it (or as a stale holder read it).
     LeaseState {
         lease: String,
         uid: String,
@@ -225,6 +252,9 @@ pub enum Event {
         token: i64,
         term: Option<i32>,
         waiting: i32,
+        /// The holder's pod UID (`status.holder.podUid`): the pod the identity rule lets write.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
     },
     LeaseGone {
         lease: String,
@@ -256,10 +286,13 @@ pub enum Event {
         kind: FaultKind,
         detail: String,
     },
+    /// `pod`: the UID of the pod a holder process runs as (its token is bound to it).
     Spawned {
         process: String,
         pid: u32,
         lease: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
     },
     Exited {
         process: String,

@@ -2,38 +2,38 @@
 //! (`JEPSEN_ROLE`):
 //! - `holder`: the Rust library. Acquires its lease, asks `token()` before every write and
 //!   every few milliseconds besides (so the last instant it believed it held is known
-//!   closely), writes the token to the three fenced resources, and lets go (release, drop,
-//!   or detach so the claim expires); again and again.
+//!   closely), writes the token to the fenced resources (and the workload its lease fences by
+//!   kind, see [`crate::workload`]), and lets go (release, drop, or detach so the claim
+//!   expires); again and again.
 //! - `writer`: the CMD of `kubectl fence run LEASE -- <this binary>`: writes `FENCE_TOKEN` to
 //!   the resources until its time is up, `kubectl fence` stops it, or a fence refuses it.
 //!
+//! Each process runs as a pod of its own (`POD_NAME`, `POD_UID`: its claims name and are owned
+//! by it; its kubeconfig carries a token bound to it), as a Deployment's replica would.
 //! Every step is recorded in the process's own history file (see [`crate::history`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fenced_lease::api::FencedLease;
-use fenced_lease::fence;
-use fenced_lease::fence::postgres::FencedTable;
 use fenced_lease::holder::{AcquireOptions, LeaseHandle, LostReason, acquire};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::Mutex;
-use tokio::time::timeout;
 
 use crate::history::{Event, Recorder, Resource, now};
+use crate::writes::{ROUNDS, Resources};
 
-/// Longest wait for one write's answer; past it the write's outcome is unknown.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The library holder asks `token()` this often while it holds.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// ...and records an Ok answer at most this often (every Err, and the last Ok before it,
 /// always).
 const PROBE_RECORD_EVERY: u64 = 50_000_000;
+/// A zombie reads its lease this often until it has moved on...
+const ZOMBIE_POLL: Duration = Duration::from_millis(25);
+/// ...then writes until refused, for this long at most.
+const ZOMBIE_PROBE: Duration = Duration::from_millis(500);
 
 /// What a worker process is told by the runner, through its environment.
 #[derive(Clone, Debug)]
@@ -48,11 +48,14 @@ pub struct Settings {
     /// The lease's usual duration (s): holds last a fraction to a few of these.
     pub term: u64,
     pub seed: u64,
+    pub kubectl: PathBuf,
+    /// The pod the process runs as: name and UID.
+    pub pod: Option<(String, String)>,
 }
 
 impl Settings {
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             ("JEPSEN_PROCESS", self.process.clone()),
             ("JEPSEN_NAMESPACE", self.namespace.clone()),
             ("JEPSEN_LEASE", self.lease.clone()),
@@ -62,7 +65,16 @@ impl Settings {
             ("FL_REDIS_URL", self.redis.clone()),
             ("JEPSEN_TERM", self.term.to_string()),
             ("JEPSEN_SEED", self.seed.to_string()),
-        ]
+            ("JEPSEN_KUBECTL", self.kubectl.display().to_string()),
+        ];
+        if let Some((name, uid)) = &self.pod {
+            env.extend([
+                ("POD_NAME", name.clone()),
+                ("POD_UID", uid.clone()),
+                ("POD_NAMESPACE", self.namespace.clone()),
+            ]);
+        }
+        env
     }
 
     fn from_env() -> Self {
@@ -77,6 +89,10 @@ impl Settings {
             redis: var("FL_REDIS_URL"),
             term: var("JEPSEN_TERM").parse().expect("JEPSEN_TERM"),
             seed: var("JEPSEN_SEED").parse().expect("JEPSEN_SEED"),
+            kubectl: var("JEPSEN_KUBECTL").into(),
+            pod: std::env::var("POD_NAME")
+                .ok()
+                .zip(std::env::var("POD_UID").ok()),
         }
     }
 
@@ -87,163 +103,6 @@ impl Settings {
 
     fn stopping(&self) -> bool {
         Self::stop_file(&self.run_dir).exists()
-    }
-}
-
-/// Names shared by the runner (which creates them) and the workers (which write them).
-pub fn config_map_name(lease: &str) -> String {
-    format!("jepsen-{lease}")
-}
-
-pub fn pg_table(namespace: &str) -> String {
-    format!("jepsen_{}", namespace.replace('-', "_"))
-}
-
-pub fn redis_key(namespace: &str, lease: &str) -> String {
-    format!("{namespace}:{{{lease}}}")
-}
-
-/// How one write ended.
-enum Outcome {
-    Accepted(Option<u64>),
-    Refused(i64),
-    Failed(String),
-}
-
-/// Connections to the three fenced resources.
-struct Resources {
-    configmaps: Api<ConfigMap>,
-    postgres_url: String,
-    postgres: Mutex<Option<tokio_postgres::Client>>,
-    table: FencedTable,
-    redis: Mutex<Option<redis::aio::MultiplexedConnection>>,
-    redis_url: String,
-    namespace: String,
-    writes: AtomicU64,
-}
-
-impl Resources {
-    fn new(settings: &Settings, client: kube::Client) -> Self {
-        Resources {
-            configmaps: Api::namespaced(client, &settings.namespace),
-            postgres_url: settings.postgres.clone(),
-            postgres: Mutex::new(None),
-            table: FencedTable::new(&pg_table(&settings.namespace), &["lease"]),
-            redis: Mutex::new(None),
-            redis_url: settings.redis.clone(),
-            namespace: settings.namespace.clone(),
-            writes: AtomicU64::new(0),
-        }
-    }
-
-    /// Writes `token` to `resource` for `lease`, recording the attempt and its outcome.
-    /// Returns whether a fence refused it.
-    async fn write(&self, rec: &Recorder, resource: Resource, lease: &str, token: i64) -> bool {
-        let n = self.writes.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{}#{n}", rec.process());
-        let key = match resource {
-            Resource::Kube => config_map_name(lease),
-            Resource::Postgres => lease.to_string(),
-            Resource::Redis => redis_key(&self.namespace, lease),
-        };
-        rec.record(Event::WriteAttempt {
-            id: id.clone(),
-            resource,
-            key: key.clone(),
-            lease: lease.into(),
-            token,
-        });
-        let outcome =
-            match timeout(WRITE_TIMEOUT, self.send(resource, &key, lease, token, &id)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Outcome::Failed(format!("no answer within {WRITE_TIMEOUT:?}")),
-            };
-        let t = now();
-        match outcome {
-            Outcome::Accepted(seq) => {
-                rec.record_at(t, Event::WriteAccepted { id, seq });
-                false
-            }
-            Outcome::Refused(highest) => {
-                rec.record_at(t, Event::WriteRefused { id, highest });
-                true
-            }
-            Outcome::Failed(error) => {
-                rec.record_at(t, Event::WriteFailed { id, error });
-                false
-            }
-        }
-    }
-
-    async fn send(
-        &self,
-        resource: Resource,
-        key: &str,
-        lease: &str,
-        token: i64,
-        id: &str,
-    ) -> Outcome {
-        let fenced = |e: fence::Error| match e {
-            fence::Error::Fenced { highest, .. } => Outcome::Refused(highest),
-            other => Outcome::Failed(other.to_string()),
-        };
-        match resource {
-            Resource::Kube => {
-                let mut patch = fence::kube::stamp_patch(lease, token);
-                patch["data"] = serde_json::json!({ "write": id });
-                match self
-                    .configmaps
-                    .patch(key, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(cm) => Outcome::Accepted(
-                        cm.metadata.resource_version.and_then(|rv| rv.parse().ok()),
-                    ),
-                    Err(e) => fenced(fence::Error::from(e)),
-                }
-            }
-            Resource::Postgres => {
-                let mut slot = self.postgres.lock().await;
-                if slot.as_ref().is_none_or(|c| c.is_closed()) {
-                    match tokio_postgres::connect(&self.postgres_url, tokio_postgres::NoTls).await {
-                        Ok((client, connection)) => {
-                            tokio::spawn(connection);
-                            *slot = Some(client);
-                        }
-                        Err(e) => return Outcome::Failed(format!("connect: {e}")),
-                    }
-                }
-                let client = slot.as_ref().expect("connected above");
-                match self
-                    .table
-                    .update(client, &[&lease], &[("last_write", &id)], token)
-                    .await
-                {
-                    Ok(()) => Outcome::Accepted(None),
-                    Err(e) => fenced(e),
-                }
-            }
-            Resource::Redis => {
-                let mut slot = self.redis.lock().await;
-                if slot.is_none() {
-                    let connected = match redis::Client::open(self.redis_url.as_str()) {
-                        Ok(client) => client.get_multiplexed_async_connection().await,
-                        Err(e) => Err(e),
-                    };
-                    match connected {
-                        Ok(conn) => *slot = Some(conn),
-                        Err(e) => return Outcome::Failed(format!("connect: {e}")),
-                    }
-                }
-                let conn = slot.as_mut().expect("connected above");
-                let value = format!("{token} {id}");
-                match fence::redis::call(conn, key, token, &["RPUSH", &value]).await {
-                    Ok(redis::Value::Int(n)) => Outcome::Accepted(u64::try_from(n).ok()),
-                    Ok(other) => Outcome::Failed(format!("unexpected reply {other:?}")),
-                    Err(e) => fenced(e),
-                }
-            }
-        }
     }
 }
 
@@ -334,18 +193,15 @@ async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
 
         let hold = term.mul_f64(rng.random_range(0.3..2.0));
         let until = tokio::time::Instant::now() + hold;
-        let mut turn = rng.random_range(0..3);
+        let mut turn = rng.random_range(0..ROUNDS.len());
         let mut lost = false;
         while tokio::time::Instant::now() < until && !stop.is_cancelled() {
             let Some(token) = ask(&rec, &guard) else {
                 lost = true;
                 break;
             };
-            turn = (turn + 1) % 3;
-            if resources
-                .write(&rec, Resource::ALL[turn], &lease, token)
-                .await
-            {
+            turn = (turn + 1) % ROUNDS.len();
+            if resources.write(&rec, ROUNDS[turn], &lease, token).await {
                 break; // fenced out: a newer holder exists; stop writing
             }
             tokio::time::sleep(Duration::from_millis(rng.random_range(5..60))).await;
@@ -368,26 +224,55 @@ async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
                     claim: claim.clone(),
                     how: "detached".into(),
                 });
-                // Until the lease has moved on (or long enough), and its new holder had time
-                // to write.
+                // Until the lease has moved on (or long enough), read from the store (not a
+                // cache) and recorded. Writes right after that read probe how long the
+                // apiserver's cache of the lease still lets this pod write (I11): until the
+                // first refusal.
                 let leases: Api<FencedLease> = Api::namespaced(client.clone(), &settings.namespace);
                 let give_up = tokio::time::Instant::now() + term * 3;
-                while tokio::time::Instant::now() < give_up {
-                    let moved_on = leases
-                        .get_opt(&lease)
-                        .await
-                        .ok()
-                        .flatten()
-                        .and_then(|l| l.status)
-                        .is_some_and(|s| s.fencing_token > token);
-                    if moved_on {
-                        break;
+                let mut moved_on = None;
+                while moved_on.is_none() && tokio::time::Instant::now() < give_up {
+                    if let Ok(Some(read)) = leases.get_opt(&lease).await
+                        && read
+                            .status
+                            .as_ref()
+                            .is_some_and(|s| s.fencing_token > token)
+                    {
+                        rec.record(lease_state(&read));
+                        moved_on = Some(tokio::time::Instant::now());
+                    } else {
+                        tokio::time::sleep(ZOMBIE_POLL).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                if let Some(read) = moved_on {
+                    while read.elapsed() < ZOMBIE_PROBE {
+                        resources.next_workload_write_by(false);
+                        if resources
+                            .write(&rec, Resource::Workload, &lease, token)
+                            .await
+                        {
+                            break;
+                        }
+                    }
+                }
+                // Then, once its new holder had time to write, everything; and the workload
+                // again (`kubectl`, then the client) a second or two late, as a process that
+                // woke from a pause would.
                 tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
                 for resource in Resource::ALL {
                     resources.write(&rec, resource, &lease, token).await;
+                }
+                let late = Duration::from_millis(rng.random_range(1_000..2_000));
+                if let Some(wait) = moved_on.and_then(|read| {
+                    (read + late).checked_duration_since(tokio::time::Instant::now())
+                }) {
+                    tokio::time::sleep(wait).await;
+                }
+                for kubectl in [true, false] {
+                    resources.next_workload_write_by(kubectl);
+                    resources
+                        .write(&rec, Resource::Workload, &lease, token)
+                        .await;
                 }
                 continue;
             }
@@ -557,18 +442,18 @@ async fn writer(settings: Settings, rec: Arc<Recorder>) -> u8 {
         .expect("SIGTERM handler");
     let until = tokio::time::Instant::now()
         + Duration::from_secs(settings.term).mul_f64(rng.random_range(0.3..2.0));
-    let mut turn = rng.random_range(0..3);
+    let mut turn = rng.random_range(0..ROUNDS.len());
     let code = loop {
         if tokio::time::Instant::now() >= until || settings.stopping() {
             break 0;
         }
-        turn = (turn + 1) % 3;
+        turn = (turn + 1) % ROUNDS.len();
         let refused = tokio::select! {
             _ = term.recv() => {
                 rec.record(Event::CmdStopped { lease: lease.clone(), claim: claim.clone() });
                 break 143;
             }
-            refused = resources.write(&rec, Resource::ALL[turn], &lease, token) => refused,
+            refused = resources.write(&rec, ROUNDS[turn], &lease, token) => refused,
         };
         if refused {
             break 3; // fenced out: stop
@@ -583,4 +468,25 @@ async fn writer(settings: Settings, rec: Arc<Recorder>) -> u8 {
     };
     let _ = std::fs::remove_file(&pid_file);
     code
+}
+
+/// A FencedLease as read or watched, for the history.
+pub fn lease_state(lease: &FencedLease) -> Event {
+    let status = lease.status.clone().unwrap_or_default();
+    Event::LeaseState {
+        lease: lease.metadata.name.clone().unwrap_or_default(),
+        uid: lease.metadata.uid.clone().unwrap_or_default(),
+        rv: lease
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0),
+        holder: status.holder.as_ref().map(|h| h.claim.clone()),
+        identity: status.holder.as_ref().map(|h| h.identity.clone()),
+        token: status.fencing_token,
+        term: status.lease_duration_seconds,
+        waiting: status.waiting,
+        pod: status.holder.as_ref().and_then(|h| h.pod_uid.clone()),
+    }
 }

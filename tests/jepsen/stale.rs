@@ -1,0 +1,282 @@
+//! **stale-writer** (I11): a write to what a lease fences — its labelled ConfigMap, the
+//! workload of the kind it fences — that the apiserver accepted from a pod that no longer held
+//! the lease.
+//!
+//! The rule, from the history alone:
+//! - a write carries the token its process held (`token`), and the process runs as one pod
+//!   of its own (`Spawned`); a process makes its next claim only after its write was answered,
+//!   so no later hold of its pod begins while the write is in flight;
+//! - that hold ended, in real time, no later than the first sign in the history that the lease
+//!   had moved on from the token: a lease status (watched, or read by a stale holder) with a
+//!   higher token or with no holder (the same lease object), or a holder told it was granted a
+//!   higher token. Each sign is recorded after the change it shows was stored;
+//! - the identity rule reads the lease from the apiserver's informer cache, which lags the
+//!   store by at most [`Config::identity_allowance`] (an assumption, checked by the figures
+//!   below). A write *sent* that long after the sign met a cache that showed another holder,
+//!   or none, for as long as it was in flight: the apiserver must have refused it.
+//!
+//! So a write accepted although sent at least the allowance after that sign is a violation.
+//! Not judged: writes that may have met a lease being deleted and created again (the fence
+//! goes with the lease, and is back at the new lease's first grant), from the deletion's start
+//! until the allowance after that grant.
+//!
+//! Measured, for the summary: stale writes accepted within the allowance, and how late the
+//! latest of them was sent after the sign — a lower bound of the window the cache left open
+//! in this run (stale holders probe it: they write right after reading that the lease moved
+//! on).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::checker::{Config, Kind, Report, Violation, millis, secs};
+use crate::history::{Entry, Event, FaultKind};
+
+/// What the identity rule did with the writes pods made (for the summary).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// Writes to what a lease fences by identity, made as a pod, and answered.
+    pub answered: usize,
+    /// Of those, sent after the writer's hold had ended: refused, and accepted within the
+    /// allowance (beyond it, each is a violation).
+    pub stale_refused: usize,
+    pub stale_accepted: usize,
+    /// How long after the sign the latest stale write accepted within the allowance was sent.
+    pub latest_accepted: Option<u64>,
+    /// Refused by the identity rule although sent before any sign that the writer's hold had
+    /// ended: mostly the cache still behind the writer's own grant.
+    pub holder_refused: usize,
+    /// Not judged: in the window of a lease's deletion.
+    pub excused: usize,
+    /// Lease states with a holder that names no pod (the identity rule then lets no pod write).
+    pub holders_without_pod: usize,
+}
+
+/// A sign that the lease moved on, or showed who held it.
+struct Sign<'a> {
+    t: u64,
+    token: i64,
+    held: bool,
+    /// The lease object (a lease status), or `None` (a holder's grant).
+    uid: Option<&'a str>,
+    what: String,
+}
+
+/// A write made as a pod.
+struct Write<'a> {
+    id: &'a str,
+    process: &'a str,
+    pod: &'a str,
+    lease: &'a str,
+    key: &'a str,
+    how: Option<&'a str>,
+    token: i64,
+    sent: u64,
+    /// When, whether accepted, and whether refused by the identity rule.
+    answer: Option<(u64, bool, bool)>,
+}
+
+/// stale-writer, and the figures of [`Identity`].
+pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
+    let allowance = config.identity_allowance;
+    let mut pods: HashMap<&str, &str> = HashMap::new();
+    let mut signs: BTreeMap<&str, Vec<Sign<'_>>> = BTreeMap::new();
+    // Per lease: deletions (start, end), from the nemesis.
+    let mut deletions: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut writes: Vec<Write<'_>> = vec![];
+    let mut by_id: HashMap<&str, usize> = HashMap::new();
+    let mut open: HashMap<FaultKind, (&str, u64)> = HashMap::new();
+    for e in entries {
+        match &e.ev {
+            Event::Spawned {
+                process,
+                pod: Some(pod),
+                ..
+            } => {
+                pods.insert(process, pod);
+            }
+            Event::LeaseState {
+                lease,
+                uid,
+                holder,
+                token,
+                pod,
+                rv,
+                ..
+            } => {
+                if holder.is_some() && pod.is_none() {
+                    r.identity.holders_without_pod += 1;
+                }
+                signs.entry(lease).or_default().push(Sign {
+                    t: e.t,
+                    token: *token,
+                    held: holder.is_some(),
+                    uid: Some(uid),
+                    what: format!(
+                        "{} saw its status at resourceVersion {rv}: token {token}, {}",
+                        e.p,
+                        holder
+                            .as_deref()
+                            .map_or("no holder".into(), |h| format!("holder {h}")),
+                    ),
+                });
+            }
+            Event::Acquired { lease, token, .. } | Event::CmdStarted { lease, token, .. } => {
+                signs.entry(lease).or_default().push(Sign {
+                    t: e.t,
+                    token: *token,
+                    held: true,
+                    uid: None,
+                    what: format!("{} was granted token {token}", e.p),
+                });
+            }
+            Event::FaultStart {
+                kind: kind @ (FaultKind::RecreateLease | FaultKind::DeleteTokenRecords),
+                lease: Some(lease),
+                ..
+            } => {
+                open.insert(*kind, (lease, e.t));
+            }
+            Event::FaultEnd { kind, .. } => {
+                if let Some((lease, start)) = open.remove(kind) {
+                    deletions.entry(lease).or_default().push((start, e.t));
+                }
+            }
+            Event::WriteAttempt {
+                id,
+                resource,
+                key,
+                lease,
+                token,
+                how,
+            } if resource.fenced_by_identity() => {
+                if let Some(pod) = pods.get(e.p.as_str()) {
+                    by_id.insert(id, writes.len());
+                    writes.push(Write {
+                        id,
+                        process: &e.p,
+                        pod,
+                        lease,
+                        key,
+                        how: how.as_deref(),
+                        token: *token,
+                        sent: e.t,
+                        answer: None,
+                    });
+                }
+            }
+            Event::WriteAccepted { id, .. } => {
+                if let Some(&i) = by_id.get(id.as_str()) {
+                    writes[i].answer = Some((e.t, true, false));
+                }
+            }
+            Event::WriteRefused { id, not_holder, .. } => {
+                if let Some(&i) = by_id.get(id.as_str()) {
+                    writes[i].answer = Some((e.t, false, not_holder.is_some()));
+                }
+            }
+            _ => {}
+        }
+    }
+    // A deletion still going on at the end of the history lasts to its end.
+    for (lease, start) in open.into_values() {
+        deletions.entry(lease).or_default().push((start, u64::MAX));
+    }
+
+    for w in &writes {
+        let Some((at, accepted, by_identity)) = w.answer else {
+            continue;
+        };
+        r.identity.answered += 1;
+        let lease_signs = signs.get(w.lease).map_or(&[][..], Vec::as_slice);
+        let lease_deletions = deletions.get(w.lease).map_or(&[][..], Vec::as_slice);
+        // Inside a deletion window: from its start to the allowance after the first grant
+        // that followed it.
+        let excused = lease_deletions.iter().any(|&(start, end)| {
+            let regranted = lease_signs
+                .iter()
+                .filter(|s| s.held && s.t > end)
+                .map(|s| s.t)
+                .min()
+                .unwrap_or(u64::MAX);
+            at >= start && w.sent < regranted.saturating_add(allowance)
+        });
+        if excused {
+            r.identity.excused += 1;
+            continue;
+        }
+        let moved_on = moved_on(lease_signs, lease_deletions, w.token);
+        let Some(sign) = moved_on.filter(|s| w.sent >= s.t) else {
+            if !accepted && by_identity {
+                r.identity.holder_refused += 1;
+            }
+            continue;
+        };
+        let late = w.sent - sign.t;
+        if !accepted {
+            r.identity.stale_refused += 1;
+        } else if late < allowance {
+            r.identity.stale_accepted += 1;
+            r.identity.latest_accepted = r.identity.latest_accepted.max(Some(late));
+        } else {
+            // The first grant of a lease created again: its fence binding comes after it.
+            let recreated = sign.held
+                && lease_deletions.iter().any(|&(_, end)| {
+                    end <= sign.t
+                        && !lease_signs
+                            .iter()
+                            .any(|s| s.held && s.t > end && s.t < sign.t)
+                });
+            r.violations.push(Violation {
+                claims: vec![],
+                kind: Kind::StaleWriter,
+                at: w.sent,
+                message: format!(
+                    "lease {}: {}{} accepted write {} of {} (pod UID {}; it held token {}), sent at {} and answered at {}, {} after the lease had moved on ({} at {}{}): the apiserver must refuse a pod that does not hold the lease (I11; its cache may lag by {} at most)",
+                    w.lease,
+                    w.key,
+                    w.how.map(|h| format!(" ({h})")).unwrap_or_default(),
+                    w.id,
+                    w.process,
+                    w.pod,
+                    w.token,
+                    secs(r.start, w.sent),
+                    secs(r.start, at),
+                    millis(i64::try_from(late).unwrap_or(i64::MAX)),
+                    sign.what,
+                    secs(r.start, sign.t),
+                    if recreated {
+                        ", the first grant since the lease was deleted and created again"
+                    } else {
+                        ""
+                    },
+                    millis(i64::try_from(allowance).unwrap_or(i64::MAX)),
+                ),
+            });
+        }
+    }
+}
+
+/// The first sign that the lease moved on from `token`: a higher token, or no holder on the
+/// lease object that granted `token` (outside its deletions, when the operator revokes it).
+fn moved_on<'s, 'a>(
+    signs: &'s [Sign<'a>],
+    deletions: &[(u64, u64)],
+    token: i64,
+) -> Option<&'s Sign<'a>> {
+    let granted_by = signs
+        .iter()
+        .find(|s| s.held && s.token == token && s.uid.is_some())
+        .and_then(|s| s.uid);
+    signs
+        .iter()
+        .filter(|s| {
+            s.token > token
+                || (s.token == token
+                    && !s.held
+                    && s.uid.is_some()
+                    && s.uid == granted_by
+                    && !deletions
+                        .iter()
+                        .any(|&(start, end)| s.t >= start && s.t <= end))
+        })
+        .min_by_key(|s| s.t)
+}
