@@ -363,3 +363,59 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
     )
     .await;
 }
+
+/// A lease that fences objects is granted only once its binding is in force: a pod that does
+/// not hold it is refused from the first grant on, also when the lease is new (or deleted and
+/// created again while a former holder still writes).
+#[tokio::test]
+async fn the_fence_is_in_force_before_the_first_grant() {
+    let ns = TestNamespace::new("fence-first").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    // pb queues for the lease before it exists; pa writes ConfigMaps all along.
+    claim_as_pod(&ns, pb, "books").await;
+    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
+    let granted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let granted = granted.clone();
+        tokio::spawn(async move {
+            let dry_run = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            let cm: ConfigMap =
+                serde_json::from_value(json!({"metadata": {"name": "pa-write"}})).unwrap();
+            let mut late = Vec::new();
+            let mut refused_after_grant = 0;
+            for _ in 0..2000 {
+                let after_grant = granted.load(std::sync::atomic::Ordering::SeqCst);
+                let result = as_pa.create(&dry_run, &cm).await;
+                if after_grant {
+                    match result {
+                        Ok(_) => late.push("accepted"),
+                        Err(_) => refused_after_grant += 1,
+                    }
+                    if refused_after_grant + late.len() >= 50 {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (late, refused_after_grant)
+        })
+    };
+    let out = ns.kubectl_apply(BOOKS);
+    assert!(out.status.success(), "{}", both(&out));
+    let _beat = ns.keep_beating("pb", Duration::from_millis(500));
+    wait_for("pb granted", WAIT, || ns.granted_token("pb")).await;
+    granted.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (late, refused) = writer.await.unwrap();
+    assert!(
+        late.is_empty(),
+        "{} of pa's writes sent after pb's grant was seen were accepted ({refused} refused)",
+        late.len()
+    );
+    assert_eq!(refused, 50, "pa's writes after the grant");
+}

@@ -17,9 +17,9 @@
 //! the one before never ran. The operator's bindings are labelled, and watched into a cache,
 //! so that an unchanged lease costs no API call.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -47,6 +47,10 @@ const LEASE_NAMESPACE_LABEL: &str = "fencing.dev/lease-namespace";
 const LEASE_NAME_LABEL: &str = "fencing.dev/lease-name";
 /// How often bindings are checked for a lease that is gone, besides after every (re)list.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(300);
+/// How long after creating or restoring a binding its lease waits before it is decided
+/// (granted) again: the apiserver enforces a binding only once its informers deliver it, and
+/// the first holder's term must be fenced from its start.
+pub const BINDING_SETTLE: Duration = Duration::from_secs(2);
 
 /// Name of the binding of lease `ns/name` for its labelled objects. Namespace names have no
 /// dots, so the name is unambiguous; it stays under 253 characters (lease names are at most 63).
@@ -200,6 +204,8 @@ fn is_current(
 #[derive(Clone)]
 pub struct FenceBindings {
     store: Store<ValidatingAdmissionPolicyBinding>,
+    /// When this process last wrote each binding, while that is less than [`BINDING_SETTLE`] ago.
+    written: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl FenceBindings {
@@ -255,31 +261,54 @@ impl FenceBindings {
                 }
             }
         });
-        FenceBindings { store }
+        FenceBindings {
+            store,
+            written: Arc::default(),
+        }
     }
 
     fn cached(&self, name: &str) -> Option<Arc<ValidatingAdmissionPolicyBinding>> {
         self.store.get(&ObjectRef::new(name))
     }
+
+    /// Notes that binding `name` was written now.
+    fn wrote(&self, name: &str) {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        written.retain(|_, at| at.elapsed() < BINDING_SETTLE);
+        written.insert(name.to_string(), Instant::now());
+    }
+
+    /// When binding `name`, written by this process, is taken to be in force, if not yet.
+    fn settling(&self, name: &str) -> Option<Instant> {
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let in_force = *written.get(name)? + BINDING_SETTLE;
+        (in_force > Instant::now()).then_some(in_force)
+    }
 }
 
 /// Brings the bindings of `lease` in line with its spec: each applied while its field is
-/// set, deleted when it is not or the lease is being deleted.
-pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<()> {
+/// set, deleted when it is not or the lease is being deleted. Returns when the bindings it
+/// keeps are in force, if that is still to come: one created or restored less than
+/// [`BINDING_SETTLE`] ago may not be enforced yet.
+pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<Option<Instant>> {
     let ns = lease
         .namespace()
         .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
     let name = lease.name_any();
+    let mut in_force = None;
     for (binding, desired, asked) in desired_bindings(&ns, &name, lease) {
         let cached = ctx.fence_bindings.cached(&binding);
         match desired {
-            Some(desired) => apply(ctx, lease, cached, desired).await?,
+            Some(desired) => {
+                apply(ctx, lease, cached, desired).await?;
+                in_force = in_force.max(ctx.fence_bindings.settling(&binding));
+            }
             // Leases that never fence objects cost no call, and no RBAC rule.
             None if cached.is_some() || asked => remove(ctx, &ns, &name, &binding).await?,
             None => {}
         }
     }
-    Ok(())
+    Ok(in_force)
 }
 
 /// Creates `desired`, or puts it back whole over an edited copy.
@@ -318,6 +347,7 @@ async fn apply(
             .map(drop)
         }
     }?;
+    ctx.fence_bindings.wrote(&binding);
     info!(lease = %lease.name_any(), binding = %binding, "fence binding applied");
     if cached.is_none() {
         warn_if_policy_missing(ctx, lease).await;

@@ -123,6 +123,20 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         }
     };
 
+    // The bindings that fence the lease's objects come before any grant: a binding reaches
+    // admission through the apiserver's informers, so after creating or restoring one the
+    // lease is decided again only once it is in force. A failure to write one holds up no
+    // grant or expiry; it is returned once they are done.
+    let fenced = match super::fence_binding::sync(ctx, &lease).await {
+        Ok(Some(in_force)) => {
+            return Ok(Action::requeue(
+                in_force.saturating_duration_since(Instant::now()),
+            ));
+        }
+        Ok(None) => Ok(()),
+        Err(error) => Err(error),
+    };
+
     let written = match write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await {
         Err(error @ Error::TokenRecord { .. }) => {
             degrade(ctx, &api, &lease, &error).await;
@@ -140,9 +154,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     let status = lease.status.clone().unwrap_or_default();
     repair_claims(ctx, &status, &plan, &fresh, &ns, &name).await?;
     pods::repair_annotations(ctx, &lease, &ns, &name).await?;
-    // The admission binding that fences the lease's objects, after the grant path so that a
-    // failure here never holds up a grant or an expiry.
-    super::fence_binding::sync(ctx, &lease).await?;
+    fenced?;
 
     let idle = Instant::now() + ctx.resync_after();
     ctx.wakeups
@@ -182,8 +194,8 @@ async fn finalize(
             repair_claims(ctx, &status, &plan, &fresh, ns, name).await?;
         }
         pods::repair_annotations(ctx, lease, ns, name).await?;
-        // The binding that fences its objects goes with the lease (an orphan is also swept).
-        super::fence_binding::sync(ctx, lease).await
+        // The bindings that fence its objects go with the lease (an orphan is also swept).
+        super::fence_binding::sync(ctx, lease).await.map(drop)
     };
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");
