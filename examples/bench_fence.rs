@@ -7,6 +7,12 @@
 //!   window: it compares with the stored object.) The token is raised by a status write as
 //!   the admin, exactly the write a grant is, so the figure is the apiserver's own lag, not
 //!   the operator's; probes are dry-run creates, which admission checks like real ones.
+//! - the identity rule's window: a grant that moves the lease from pod A to pod B written (its
+//!   status write answered) -> a write by pod A (a client with a token bound to pod A, as the
+//!   pod mounts) refused by the apiserver. For this long after a grant the old holder's pod
+//!   can still write what the lease fences. The grant is written as the admin, as above, and
+//!   goes from A to B and back, so every sample is a hand-over; probes are dry-run creates of
+//!   a ConfigMap, a kind the lease fences. The pods stay Pending (no kubelet needed);
 //! - the cost of a guarded PostgreSQL write against the same write unguarded (one UPDATE by
 //!   primary key), and of a guarded transaction against an unguarded one;
 //! - the cost of a guarded Redis SET against a plain SET.
@@ -16,21 +22,29 @@
 //! $ kubectl apply -f crds/ -f deploy/admission/
 //! $ cargo run --release --all-features --example bench-fence
 //! ```
+//!
+//! Every sample of the two windows is written to `--log-dir` (one TSV file per run).
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use fenced_lease::api::{FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
+use fenced_lease::api::{FenceSpec, FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 use fenced_lease::fence::kube::LEASE_POLICY;
 use fenced_lease::fence::postgres::FencedTable;
-use fenced_lease::operator::fence_binding::desired_binding;
+use fenced_lease::operator::fence_binding::{desired_binding, desired_kinds_binding};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::AuthInfo;
+use kube::{Client, Config};
 use serde_json::json;
 
 type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
@@ -42,17 +56,26 @@ struct Args {
     /// Samples of the lease rule's window.
     #[arg(long, default_value_t = 100)]
     samples: usize,
+    /// Samples of the identity rule's window (hand-overs between two pods).
+    #[arg(long, default_value_t = 600)]
+    identity_samples: usize,
     /// Writes of each kind to PostgreSQL and Redis.
     #[arg(long, default_value_t = 2000)]
     writes: usize,
+    /// Directory for every sample of the two windows.
+    #[arg(long, default_value = "/tmp/fenced-lease-bench")]
+    log_dir: PathBuf,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 fn report(what: &str, samples: &mut [Duration]) {
     samples.sort();
     let n = samples.len();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{what:<44} n={n:<5} median {:>7.3} ms   p99 {:>7.3} ms   worst {:>7.3} ms",
+        "{what:<56} n={n:<5} median {:>7.3} ms   p99 {:>7.3} ms   worst {:>7.3} ms",
         ms(samples[n / 2]),
         ms(samples[(n * 99).div_ceil(100).saturating_sub(1)]),
         ms(samples[n - 1]),
@@ -63,19 +86,40 @@ fn report(what: &str, samples: &mut [Duration]) {
 async fn main() -> Result<()> {
     let args = Args::parse();
     let client = Client::try_default().await?;
-    lease_window(&client, args.samples).await?;
-    postgres_cost(args.writes).await?;
-    redis_cost(args.writes).await?;
-    Ok(())
-}
-
-async fn lease_window(client: &Client, samples: usize) -> Result<()> {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     if policies.get_opt(LEASE_POLICY).await?.is_none() {
         return Err(
             "the fence policies are not installed: kubectl apply -f deploy/admission/".into(),
         );
     }
+    std::fs::create_dir_all(&args.log_dir)?;
+    let path = args.log_dir.join(format!(
+        "fence-windows-{}.tsv",
+        k8s_openapi::jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ")
+    ));
+    let mut log = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    writeln!(
+        log,
+        "rule\tsample\twindow_ms\tprobes\tgrant_write_ms\tprobe_before_ms"
+    )?;
+    lease_window(&client, args.samples, &mut log).await?;
+    identity_window(&client, args.identity_samples, &mut log).await?;
+    log.flush()?;
+    println!("  (every sample: {})", path.display());
+    postgres_cost(args.writes).await?;
+    redis_cost(args.writes).await?;
+    Ok(())
+}
+
+type Log = std::io::BufWriter<std::fs::File>;
+
+/// A namespace of its own for `run`, deleted afterwards with the lease bindings of its leases
+/// (cluster-scoped, labelled with the lease's namespace).
+async fn in_namespace<F, Fut>(client: &Client, run: F) -> Result<()>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
     let ns = format!("bench-fence-{:08x}", rand::random::<u32>());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace = Namespace {
@@ -88,16 +132,51 @@ async fn lease_window(client: &Client, samples: usize) -> Result<()> {
     namespaces
         .create(&PostParams::default(), &namespace)
         .await?;
-    let result = measure_window(client, &ns, samples).await;
+    let result = run(ns.clone()).await;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let binding = desired_binding(&ns, "bench");
-    let name = binding.metadata.name.clone().unwrap_or_default();
-    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    let _ = bindings
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("fencing.dev/lease-namespace={ns}")),
+        )
+        .await;
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
     result
 }
 
-async fn measure_window(client: &Client, ns: &str, samples: usize) -> Result<()> {
+/// Probes with `refused` (true: the write was refused) from `written` on until one is
+/// refused: the window, and how many probes it took.
+async fn until_refused<F, Fut>(written: Instant, mut refused: F) -> Result<(Duration, usize)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    for probes in 1.. {
+        if refused().await? {
+            return Ok((written.elapsed(), probes));
+        }
+        if written.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+    }
+    Err("a write was still accepted 30s after the grant".into())
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..Default::default()
+    }
+}
+
+async fn lease_window(client: &Client, samples: usize, log: &mut Log) -> Result<()> {
+    in_namespace(client, |ns| async move {
+        measure_window(client, &ns, samples, log).await
+    })
+    .await
+}
+
+async fn measure_window(client: &Client, ns: &str, samples: usize, log: &mut Log) -> Result<()> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
     let lease: FencedLease = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
@@ -110,10 +189,6 @@ async fn measure_window(client: &Client, ns: &str, samples: usize) -> Result<()>
         .create(&PostParams::default(), &desired_binding(ns, "bench"))
         .await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
     let probe = |token: i64| ConfigMap {
         metadata: ObjectMeta {
             name: Some("probe".into()),
@@ -125,6 +200,16 @@ async fn measure_window(client: &Client, ns: &str, samples: usize) -> Result<()>
             ..Default::default()
         },
         ..Default::default()
+    };
+    let refused = |token: i64| {
+        let (configmaps, probe) = (configmaps.clone(), probe(token));
+        async move {
+            match configmaps.create(&dry_run(), &probe).await {
+                Ok(_) => Ok(false),
+                Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
+                Err(e) => Err(e.into()),
+            }
+        }
     };
     let set_token = |token: i64| {
         let leases = leases.clone();
@@ -141,7 +226,7 @@ async fn measure_window(client: &Client, ns: &str, samples: usize) -> Result<()>
     // Warm up: the binding and the lease reach admission through informers.
     set_token(1).await?;
     let warm = Instant::now();
-    while configmaps.create(&dry_run, &probe(0)).await.is_ok() {
+    while !refused(0).await? {
         if warm.elapsed() > Duration::from_secs(30) {
             return Err("the lease rule was not in force within 30s".into());
         }
@@ -149,29 +234,24 @@ async fn measure_window(client: &Client, ns: &str, samples: usize) -> Result<()>
     let mut windows = Vec::with_capacity(samples);
     let mut first_probe_refused = 0usize;
     for token in 2..2 + samples as i64 {
-        if configmaps
-            .create(&dry_run, &probe(token - 1))
-            .await
-            .is_err()
-        {
+        let before = Instant::now();
+        if refused(token - 1).await? {
             return Err(format!("token {} refused before the lease moved on", token - 1).into());
         }
+        let sent = Instant::now();
         set_token(token).await?;
         let written = Instant::now();
-        for attempt in 0.. {
-            match configmaps.create(&dry_run, &probe(token - 1)).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 403 => {
-                    first_probe_refused += usize::from(attempt == 0);
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            }
-            if written.elapsed() > Duration::from_secs(30) {
-                return Err("a lower token was still accepted 30s after the grant".into());
-            }
-        }
-        windows.push(written.elapsed());
+        let (window, probes) = until_refused(written, || refused(token - 1)).await?;
+        first_probe_refused += usize::from(probes == 1);
+        writeln!(
+            log,
+            "lease\t{}\t{:.3}\t{probes}\t{:.3}\t{:.3}",
+            token - 1,
+            ms(window),
+            ms(written - sent),
+            ms(sent - before)
+        )?;
+        windows.push(window);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     report(
@@ -180,6 +260,215 @@ async fn measure_window(client: &Client, ns: &str, samples: usize) -> Result<()>
     );
     println!(
         "  (the first probe sent after the write was answered was already refused in {first_probe_refused} of {samples}: the window is shorter than one probe's round trip)"
+    );
+    Ok(())
+}
+
+/// ServiceAccount `writer` may create ConfigMaps; pods `writer-a` and `writer-b` run as it.
+const WRITERS: [&str; 2] = ["writer-a", "writer-b"];
+
+/// A pod the bench writes as: its name, its UID, and a client with a token bound to it.
+struct WriterPod {
+    name: String,
+    uid: String,
+    configmaps: Api<ConfigMap>,
+}
+
+async fn writer_pods(client: &Client, ns: &str) -> Result<Vec<WriterPod>> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "writer"}}))?,
+        )
+        .await?;
+    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "writer"},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}],
+            }))?,
+        )
+        .await?;
+    let role_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    role_bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "writer"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer"},
+                "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": ns}],
+            }))?,
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut writers = Vec::new();
+    for name in WRITERS {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": "writer",
+                "containers": [{"name": "main", "image": "example.invalid/writer:1"}],
+            },
+        }))?;
+        let uid = pods
+            .create(&PostParams::default(), &pod)
+            .await?
+            .metadata
+            .uid
+            .ok_or("a pod without a UID")?;
+        // The token a pod mounts: bound to the pod, so the apiserver sees its name and UID.
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(name.into()),
+                    uid: Some(uid.clone()),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let issued: TokenRequest = accounts
+            .create_subresource("token", "writer", &PostParams::default(), &request)
+            .await?;
+        let token = issued
+            .status
+            .map(|s| s.token)
+            .ok_or("a TokenRequest without a token")?;
+        let mut config = Config::infer().await?;
+        config.auth_info = serde_json::from_value::<AuthInfo>(json!({ "token": token }))?;
+        writers.push(WriterPod {
+            name: name.into(),
+            uid,
+            configmaps: Api::namespaced(Client::try_from(config)?, ns),
+        });
+    }
+    Ok(writers)
+}
+
+impl WriterPod {
+    /// A dry-run create of a ConfigMap as this pod: whether the identity rule refused it.
+    async fn refused(&self) -> Result<bool> {
+        let probe = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("probe".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match self.configmaps.create(&dry_run(), &probe).await {
+            Ok(_) => Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("does not hold") => {
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+async fn identity_window(client: &Client, samples: usize, log: &mut Log) -> Result<()> {
+    in_namespace(client, |ns| async move {
+        measure_identity_window(client, &ns, samples, log).await
+    })
+    .await
+}
+
+async fn measure_identity_window(
+    client: &Client,
+    ns: &str,
+    samples: usize,
+    log: &mut Log,
+) -> Result<()> {
+    let writers = writer_pods(client, ns).await?;
+    let fence: FenceSpec =
+        serde_json::from_value(json!({"resources": [{"resource": "configmaps"}]}))?;
+    let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
+    let lease: FencedLease = serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+        "metadata": {"name": "ident"}, "spec": {"fence": fence},
+    }))?;
+    leases.create(&PostParams::default(), &lease).await?;
+    // The binding the operator keeps for such a lease, applied here so no operator is needed.
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    bindings
+        .create(
+            &PostParams::default(),
+            &desired_kinds_binding(ns, "ident", &fence),
+        )
+        .await?;
+    // The status write a grant to `pod` is: holder and token.
+    let grant = |pod: &WriterPod, token: i64| {
+        let leases = leases.clone();
+        let status = json!({"status": {
+            "fencingToken": token,
+            "holder": {
+                "claim": pod.name, "claimUid": format!("claim-{token}"),
+                "identity": pod.name, "podName": pod.name, "podUid": pod.uid,
+            },
+        }});
+        async move {
+            leases
+                .patch_status("ident", &PatchParams::default(), &Patch::Merge(status))
+                .await
+        }
+    };
+    // Warm up: the binding and the lease reach admission through informers, RBAC reaches the
+    // authorizer; then the holder may write and the other pod may not.
+    grant(&writers[0], 1).await?;
+    let warm = Instant::now();
+    loop {
+        let holder_writes = matches!(writers[0].refused().await, Ok(false));
+        if holder_writes && writers[1].refused().await? {
+            break;
+        }
+        if warm.elapsed() > Duration::from_secs(30) {
+            return Err("the identity rule was not in force within 30s".into());
+        }
+    }
+    let (mut windows, mut from_sent, mut round_trips) = (vec![], vec![], vec![]);
+    let mut first_probe_refused = 0usize;
+    for sample in 0..samples {
+        let (old, new) = (&writers[sample % 2], &writers[(sample + 1) % 2]);
+        let before = Instant::now();
+        if old.refused().await? {
+            return Err(format!("pod {} refused before the lease moved on", old.name).into());
+        }
+        let sent = Instant::now();
+        grant(new, sample as i64 + 2).await?;
+        let written = Instant::now();
+        let (window, probes) = until_refused(written, || old.refused()).await?;
+        first_probe_refused += usize::from(probes == 1);
+        writeln!(
+            log,
+            "identity\t{sample}\t{:.3}\t{probes}\t{:.3}\t{:.3}",
+            ms(window),
+            ms(written - sent),
+            ms(sent - before)
+        )?;
+        windows.push(window);
+        from_sent.push(window + (written - sent));
+        round_trips.push(sent - before);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    report(
+        "identity rule: grant written -> old holder pod refused",
+        &mut windows,
+    );
+    report(
+        "identity rule: grant sent -> old holder pod refused",
+        &mut from_sent,
+    );
+    report(
+        "identity rule: one write by the holder pod",
+        &mut round_trips,
+    );
+    println!(
+        "  (hand-overs between two pods, each way in turn; the first probe sent after the grant's write was answered was already refused in {first_probe_refused} of {samples}: in those the window was shorter than one probe's round trip)"
     );
     Ok(())
 }
