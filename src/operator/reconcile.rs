@@ -127,15 +127,12 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // admission through the apiserver's informers, so after creating or restoring one the
     // lease is decided again only once it is in force. A failure to write one holds up no
     // grant or expiry; it is returned once they are done.
-    let fenced = match super::fence_binding::sync(ctx, &lease).await {
-        Ok(Some(in_force)) => {
-            return Ok(Action::requeue(
-                in_force.saturating_duration_since(Instant::now()),
-            ));
-        }
-        Ok(None) => Ok(()),
-        Err(error) => Err(error),
-    };
+    let fenced = super::fence_binding::sync(ctx, &lease).await;
+    if let Ok(Some(in_force)) = fenced {
+        return Ok(Action::requeue(
+            in_force.saturating_duration_since(Instant::now()),
+        ));
+    }
 
     let written = match write_lease_status(ctx, &api, (*lease).clone(), &ns, &name).await {
         Err(error @ Error::TokenRecord { .. }) => {

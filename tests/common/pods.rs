@@ -37,6 +37,23 @@ pub struct TestPod {
     pub service_account: String,
 }
 
+/// A TokenRequest for `seconds`, bound to the pod `(name, uid)` when given.
+pub fn token_request(pod: Option<(&str, &str)>, seconds: i64) -> TokenRequest {
+    TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(seconds),
+            bound_object_ref: pod.map(|(name, uid)| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 impl TestNamespace {
     /// ServiceAccount `app` with the holder Role and [`WRITER_ROLE`], and pods `names` running
     /// as it.
@@ -100,19 +117,7 @@ impl TestNamespace {
     /// A token of ServiceAccount `sa`, bound to `pod` when given (the token a pod mounts).
     pub async fn service_account_token(&self, sa: &str, pod: Option<&TestPod>) -> String {
         self.create_service_account(sa).await;
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                bound_object_ref: pod.map(|pod| BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(pod.name.clone()),
-                    uid: Some(pod.uid.clone()),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let request = token_request(pod.map(|pod| (pod.name.as_str(), pod.uid.as_str())), 3600);
         let issued: TokenRequest = self
             .api::<ServiceAccount>()
             .create_subresource("token", sa, &PostParams::default(), &request)

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::config::{AuthInfo, Kubeconfig};
@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::common::TestNamespace;
 use crate::common::cli::both;
+use crate::common::pods::token_request;
 use crate::common::proxy::Proxy;
 use crate::workload;
 
@@ -81,19 +82,7 @@ impl Pods {
             Err(e) => return Err(format!("create pod {name}: {e}")),
         };
         let uid = created.metadata.uid.ok_or("a pod without a UID")?;
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(TOKEN_SECONDS),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(name.into()),
-                    uid: Some(uid.clone()),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let request = token_request(Some((name, &uid)), TOKEN_SECONDS);
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.namespace);
         let token = accounts
             .create_subresource::<TokenRequest, TokenRequest>(

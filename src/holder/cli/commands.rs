@@ -272,7 +272,7 @@ pub(super) async fn release(
     };
     // With --all, a claim the apiserver will not let this user (or pod) release — a sibling
     // pod's, under the claim-ownership policy — is reported and the others are still released.
-    let mut refused: Vec<Failure> = Vec::new();
+    let mut refused = 0;
     for c in targets {
         let name = c.name_any();
         // Delete exactly the claim that was read (a new claim of the same name is another).
@@ -294,7 +294,7 @@ pub(super) async fn release(
             Err(f) if f.message.contains("not found") => continue,
             Err(f) if f.code == exit::FORBIDDEN && matches!(which, Which::All { .. }) => {
                 eprintln!("claim {name} not released: {}", f.message);
-                refused.push(f);
+                refused += 1;
                 continue;
             }
             Err(f) => return Err(f),
@@ -306,7 +306,7 @@ pub(super) async fn release(
             (None, None) => println!("withdrew claim {name}"),
         }
     }
-    match refused.len() {
+    match refused {
         0 => Ok(exit::OK),
         n => Err(Failure {
             code: exit::FORBIDDEN,
