@@ -399,7 +399,10 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     ns.create_claim("a", "l", Some("p")).await;
     ns.create_claim("b", "l", None).await;
     ns.create_claim("c", "l", Some("q")).await;
-    // c waits like a live candidate: a waiter silent for a lease duration is skipped.
+    // They wait like live candidates: a waiter silent for a lease duration is skipped, and a
+    // lease that fences objects is granted only once its binding is in force (2 s).
+    let _a_beats = ns.keep_beating("a", Duration::from_millis(500));
+    let b_beats = ns.keep_beating("b", Duration::from_millis(500));
     let _c_beats = ns.keep_beating("c", Duration::from_millis(500));
     let a = wait_for("a granted", WAIT, || ns.granted_token("a")).await;
     wait_for("pod p annotated with a's token", WAIT, || async {
@@ -441,13 +444,14 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     // Release: b is next, at once.
     delete::<FencedLeaseClaim>(ns, "a").await;
     let b = wait_for("b granted", WAIT, || ns.granted_token("b")).await;
+    drop(b_beats);
     assert!(b > a, "tokens grow: {a} then {b}");
     wait_for("p's annotation removed", WAIT, || async {
         annotation(ns, "p", "l").await.is_none().then_some(())
     })
     .await;
 
-    // Expiry: b never heartbeats, so c is granted after the lease duration.
+    // Expiry: b no longer heartbeats, so c is granted after the lease duration.
     wait_phase(ns, "b", ClaimPhase::Expired).await;
     let c = wait_for("c granted", WAIT, || ns.granted_token("c")).await;
     assert!(c > b, "tokens grow: {b} then {c}");
@@ -509,6 +513,7 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     ns.delete_lease("m").await;
     create_fenced_lease(ns, "l", 2);
     ns.create_claim("e", "l", None).await;
+    let _e_beats = ns.keep_beating("e", Duration::from_millis(500));
     let e = wait_for("e granted", WAIT, || ns.granted_token("e")).await;
     assert!(e > c, "the re-created lease continues above {c}: {e}");
     ns.delete_lease("l").await;
