@@ -1,0 +1,92 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+)
+
+// Client reads FencedLeases and writes, heartbeats and watches this holder's
+// FencedLeaseClaims. Build one per process with NewClient and share it.
+type Client struct {
+	rest rest.Interface
+}
+
+var scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		panic(err) // only fails on a programming error in AddToScheme
+	}
+	return s
+}()
+
+// NewClient is a client of the fencing.dev API for config. Requests carry per-call
+// timeouts of their own, so config.Timeout may stay zero.
+func NewClient(config *rest.Config) (*Client, error) {
+	c := rest.CopyConfig(config)
+	c.GroupVersion = &v1alpha1.SchemeGroupVersion
+	c.APIPath = "/apis"
+	c.ContentType = runtime.ContentTypeJSON
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent() + " fenced-lease-go"
+	}
+	if c.QPS == 0 {
+		c.QPS, c.Burst = 50, 100
+	}
+	r, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("fencing.dev client: %w", err)
+	}
+	return &Client{rest: r}, nil
+}
+
+func (c *Client) getLease(ctx context.Context, ns, name string) (*v1alpha1.FencedLease, error) {
+	out := &v1alpha1.FencedLease{}
+	err := c.rest.Get().Namespace(ns).Resource(v1alpha1.LeasesResource).Name(name).Do(ctx).Into(out)
+	return out, err
+}
+
+func (c *Client) getClaim(ctx context.Context, ns, name string) (*v1alpha1.FencedLeaseClaim, error) {
+	out := &v1alpha1.FencedLeaseClaim{}
+	err := c.rest.Get().Namespace(ns).Resource(v1alpha1.ClaimsResource).Name(name).Do(ctx).Into(out)
+	return out, err
+}
+
+func (c *Client) createClaim(ctx context.Context, claim *v1alpha1.FencedLeaseClaim) (*v1alpha1.FencedLeaseClaim, error) {
+	out := &v1alpha1.FencedLeaseClaim{}
+	err := c.rest.Post().Namespace(claim.Namespace).Resource(v1alpha1.ClaimsResource).Body(claim).Do(ctx).Into(out)
+	return out, err
+}
+
+func (c *Client) patchClaim(ctx context.Context, ns, name string, patch []byte) (*v1alpha1.FencedLeaseClaim, error) {
+	out := &v1alpha1.FencedLeaseClaim{}
+	err := c.rest.Patch(types.MergePatchType).Namespace(ns).Resource(v1alpha1.ClaimsResource).Name(name).
+		Body(patch).Do(ctx).Into(out)
+	return out, err
+}
+
+func (c *Client) deleteClaim(ctx context.Context, ns, name string) error {
+	return c.rest.Delete().Namespace(ns).Resource(v1alpha1.ClaimsResource).Name(name).Do(ctx).Error()
+}
+
+// watchOne watches the object name of resource from resourceVersion rv on.
+func (c *Client) watchOne(ctx context.Context, ns, resource, name, rv string) (watch.Interface, error) {
+	timeout := int64((4*time.Minute + time.Duration(randFloat()*float64(time.Minute))) / time.Second)
+	opts := &metav1.ListOptions{
+		Watch:           true,
+		FieldSelector:   "metadata.name=" + name,
+		ResourceVersion: rv,
+		TimeoutSeconds:  &timeout,
+	}
+	return c.rest.Get().Namespace(ns).Resource(resource).
+		VersionedParams(opts, metav1.ParameterCodec).Watch(ctx)
+}
