@@ -27,8 +27,11 @@ type budget struct {
 
 func newBudget(ctx context.Context, lease string, wait time.Duration) *budget {
 	b := &budget{ctx: ctx, lease: lease, started: time.Now(), once: wait < 0}
-	if wait > 0 {
+	switch {
+	case wait > 0:
 		b.giveUp = b.started.Add(wait)
+	case wait < 0:
+		b.giveUp = b.started // still waits for the operator's first answer
 	}
 	return b
 }

@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -55,10 +57,21 @@ func (c *Client) getLease(ctx context.Context, ns, name string) (*v1alpha1.Fence
 	return out, err
 }
 
+// getClaim reads a claim with a list by name: the holder Role grants list and watch on
+// claims, not get.
 func (c *Client) getClaim(ctx context.Context, ns, name string) (*v1alpha1.FencedLeaseClaim, error) {
-	out := &v1alpha1.FencedLeaseClaim{}
-	err := c.rest.Get().Namespace(ns).Resource(v1alpha1.ClaimsResource).Name(name).Do(ctx).Into(out)
-	return out, err
+	list := &v1alpha1.FencedLeaseClaimList{}
+	opts := &metav1.ListOptions{FieldSelector: "metadata.name=" + name}
+	err := c.rest.Get().Namespace(ns).Resource(v1alpha1.ClaimsResource).
+		VersionedParams(opts, metav1.ParameterCodec).Do(ctx).Into(list)
+	if err != nil {
+		return nil, err
+	}
+	if len(list.Items) == 0 {
+		gr := schema.GroupResource{Group: v1alpha1.Group, Resource: v1alpha1.ClaimsResource}
+		return nil, apierrors.NewNotFound(gr, name)
+	}
+	return &list.Items[0], nil
 }
 
 func (c *Client) createClaim(ctx context.Context, claim *v1alpha1.FencedLeaseClaim) (*v1alpha1.FencedLeaseClaim, error) {
