@@ -122,8 +122,8 @@ func TestGrantComesByWatchAndReleaseHandsOverAtOnce(t *testing.T) {
 	tok := token(t, first)
 
 	type result struct {
-		l  *lease.Lease
-		at time.Time
+		l   *lease.Lease
+		at  time.Time
 		err error
 	}
 	second := make(chan result, 1)
