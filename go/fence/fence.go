@@ -1,0 +1,68 @@
+// Package fence is the resource side from Go: every write carries the writer's fencing token
+// and the protected resource refuses, atomically, any token lower than the highest it has
+// accepted. A check done in application code (read, compare, write) would bring back the
+// race the lease is there to remove, so each guard here is one conditional write at the
+// resource:
+//
+//   - Kubernetes objects, checked by the apiserver itself (the admission policies of
+//     deploy/admission/): Stamp, Delete, and NewClient, a controller-runtime client that
+//     stamps every write with the current token;
+//   - PostgreSQL rows, checked by SQL shipped in this repository (fence/postgres/), through
+//     pgx: Table;
+//   - Redis and Valkey keys, checked by a Redis Function library (fence/redis/), through
+//     go-redis: RedisSet, RedisCall.
+//
+// Every guard reports a stale writer the same way: a *Fenced error (errors.Is(err,
+// ErrFenced)), or a *NotHolder when the apiserver refused the writer's pod by identity.
+package fence
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrFenced matches every refusal of a stale writer: *Fenced and *NotHolder. A writer that
+// gets it must stop, not retry: a newer holder exists.
+var ErrFenced = errors.New("fenced out")
+
+// ErrInvalidToken: tokens are non-negative integers; a negative one is a bug in the caller.
+var ErrInvalidToken = errors.New("invalid fencing token")
+
+// Fenced says a write was refused because the resource has accepted a higher token.
+type Fenced struct {
+	// Presented is the token the write carried.
+	Presented int64
+	// Highest is the token the resource holds (the highest it has accepted).
+	Highest int64
+}
+
+func (f *Fenced) Error() string {
+	return fmt.Sprintf("fenced out: token %d is lower than %d, the highest token the resource has accepted", f.Presented, f.Highest)
+}
+
+// Is matches ErrFenced.
+func (f *Fenced) Is(target error) bool { return target == ErrFenced }
+
+// NotHolder says the apiserver refused the write because the writer's pod does not hold the
+// lease that fences the object (the identity rule, I11).
+type NotHolder struct {
+	// Message is the apiserver's account, after "fenced: ".
+	Message string
+}
+
+func (n *NotHolder) Error() string { return "fenced out: " + n.Message }
+
+// Is matches ErrFenced.
+func (n *NotHolder) Is(target error) bool { return target == ErrFenced }
+
+// Accepts is the rule every guard applies atomically: a write carrying token is accepted
+// when it is at least the highest token accepted so far. Equal is accepted so that one
+// holder can write many times.
+func Accepts(highest, token int64) bool { return token >= highest }
+
+func checkToken(token int64) error {
+	if token < 0 {
+		return fmt.Errorf("%w %d: tokens are non-negative integers", ErrInvalidToken, token)
+	}
+	return nil
+}

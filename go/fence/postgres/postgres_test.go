@@ -1,0 +1,94 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fenced-lease/fenced-lease/go/fence"
+	"github.com/fenced-lease/fenced-lease/go/fence/postgres"
+	"github.com/fenced-lease/fenced-lease/go/internal/testenv"
+	"github.com/jackc/pgx/v5"
+)
+
+func connect(t *testing.T) (context.Context, *pgx.Conn) {
+	url := os.Getenv("FL_POSTGRES_URL")
+	if url == "" {
+		if os.Getenv("FL_REQUIRE_CLUSTER") == "1" {
+			t.Fatal("FL_POSTGRES_URL is not set: eval \"$(hack/datastores up)\"")
+		}
+		t.Skip("FL_POSTGRES_URL not set")
+	}
+	ctx := testenv.Ctx(t, 30*time.Second)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return ctx, conn
+}
+
+func TestTheDatabaseRefusesALowerTokenWithBothTokens(t *testing.T) {
+	ctx, conn := connect(t)
+	table := "go_payouts_" + testenv.RandomSuffix()
+	if _, err := conn.Exec(ctx, "CREATE TABLE "+table+" (account bigint PRIMARY KEY, paid_by text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), "DROP TABLE "+table) })
+	payouts := postgres.NewTable(table, "account")
+	if err := payouts.Enable(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" (account) VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := payouts.Update(ctx, conn, []any{42}, map[string]any{"paid_by": "a"}, 7); err != nil {
+		t.Fatal(err)
+	}
+	err := payouts.Update(ctx, conn, []any{42}, map[string]any{"paid_by": "stale"}, 6)
+	var f *fence.Fenced
+	if !errors.As(err, &f) || f.Presented != 6 || f.Highest != 7 {
+		t.Fatalf("err = %v, want Fenced{6, 7}", err)
+	}
+	if err := payouts.Update(ctx, conn, []any{42}, map[string]any{"paid_by": "a again"}, 7); err != nil {
+		t.Fatalf("an equal token: %v", err)
+	}
+	if err := payouts.Update(ctx, conn, []any{43}, nil, 7); !errors.Is(err, postgres.ErrNoRow) {
+		t.Fatalf("a missing row: %v", err)
+	}
+	tx, err := payouts.Begin(ctx, conn, []any{42}, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+table+" SET paid_by = 'b' WHERE account = 42"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := payouts.Begin(ctx, conn, []any{42}, 7); !errors.Is(err, fence.ErrFenced) {
+		t.Fatalf("a stale transaction: %v", err)
+	}
+	var paidBy string
+	var token int64
+	if err := conn.QueryRow(ctx, "SELECT paid_by, fence_token FROM "+table+" WHERE account = 42").Scan(&paidBy, &token); err != nil {
+		t.Fatal(err)
+	}
+	if paidBy != "b" || token != 8 {
+		t.Fatalf("row: paid_by %q, token %d", paidBy, token)
+	}
+}
+
+// The embedded SQL is the repository's fence/postgres/001_fenced_lease.sql.
+func TestTheEmbeddedMigrationIsTheRepositorys(t *testing.T) {
+	want, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "fence", "postgres", "001_fenced_lease.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(want) != postgres.Migration {
+		t.Fatal("go/fence/postgres/001_fenced_lease.sql differs from fence/postgres/: copy it again")
+	}
+}

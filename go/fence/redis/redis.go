@@ -1,0 +1,120 @@
+// Package redis fences Redis (and Valkey) keys through go-redis: the check is a Redis
+// Function library shipped in this repository (fence/redis/fenced_lease.lua, embedded here
+// as Library), so any client can FCALL it. fenced_call runs one command on one key and
+// fenced_set a SET, each only if the token is not lower than the highest accepted for the
+// key, kept in FenceKey(key) (same hash tag, so the same cluster slot). A lower token is
+// refused without touching the key, as *fence.Fenced. The guards load the library when the
+// server lacks it.
+//
+//	err := redis.Set(ctx, rdb, "payout:42", "paid by a", token)
+//	_, err = redis.Call(ctx, rdb, "payouts:{42}", token, "RPUSH", "a")
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/fenced-lease/fenced-lease/go/fence"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Library is fence/redis/fenced_lease.lua, the Redis Function library fenced_lease.
+//
+//go:embed fenced_lease.lua
+var Library string
+
+// FencedCode starts the error reply of a refused token: FENCED <presented> <highest>.
+const FencedCode = "FENCED"
+
+// ErrKey: a key the guard cannot fence (braces but no hash tag).
+var ErrKey = errors.New("unusable Redis key")
+
+// Load loads (or replaces) Library on the server.
+func Load(ctx context.Context, rdb goredis.Cmdable) error {
+	return rdb.FunctionLoadReplace(ctx, Library).Err()
+}
+
+// FenceKey is the key holding the highest token accepted for key, in the same cluster slot:
+// key:fence when key has a hash tag, else {key}:fence.
+func FenceKey(key string) (string, error) {
+	if hashTag(key) != key {
+		return key + ":fence", nil
+	}
+	if strings.ContainsAny(key, "{}") {
+		return "", fmt.Errorf("%w %q: braces but no hash tag; give it one, e.g. {name}:rest", ErrKey, key)
+	}
+	return "{" + key + "}:fence", nil
+}
+
+// hashTag is the part of key Redis Cluster hashes: the first non-empty {...}, else the key.
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return key
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	if end <= 0 {
+		return key
+	}
+	return key[open+1 : open+1+end]
+}
+
+// Check turns the library's refusal (FENCED <presented> <highest>) into *fence.Fenced; any
+// other error is returned as it is.
+func Check(err error) error {
+	if err == nil {
+		return nil
+	}
+	f := strings.Fields(err.Error())
+	if len(f) != 3 || f[0] != FencedCode {
+		return err
+	}
+	presented, err1 := strconv.ParseInt(f[1], 10, 64)
+	highest, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil {
+		return err
+	}
+	return &fence.Fenced{Presented: presented, Highest: highest}
+}
+
+// Call runs command (a command name and its arguments after the key, e.g. "HSET", "f",
+// "v") on key if token is not lower than the highest accepted for key, and records token
+// (FCALL fenced_call). Returns the command's reply.
+func Call(ctx context.Context, rdb goredis.Cmdable, key string, token int64, command ...any) (any, error) {
+	if len(command) == 0 {
+		return nil, errors.New("an empty Redis command")
+	}
+	return fcall(ctx, rdb, "fenced_call", key, token, command)
+}
+
+// Set is SET key value, fenced by token (FCALL fenced_set).
+func Set(ctx context.Context, rdb goredis.Cmdable, key, value string, token int64) error {
+	_, err := fcall(ctx, rdb, "fenced_set", key, token, []any{value})
+	return err
+}
+
+func fcall(ctx context.Context, rdb goredis.Cmdable, function, key string, token int64, args []any) (any, error) {
+	if token < 0 {
+		return nil, fmt.Errorf("%w %d", fence.ErrInvalidToken, token)
+	}
+	fk, err := FenceKey(key)
+	if err != nil {
+		return nil, err
+	}
+	all := append([]any{token}, args...)
+	reply, err := rdb.FCall(ctx, function, []string{key, fk}, all...).Result()
+	if err != nil && strings.Contains(err.Error(), "Function not found") {
+		if err := Load(ctx, rdb); err != nil {
+			return nil, err
+		}
+		reply, err = rdb.FCall(ctx, function, []string{key, fk}, all...).Result()
+	}
+	if errors.Is(err, goredis.Nil) {
+		return nil, nil
+	}
+	return reply, Check(err)
+}
