@@ -60,3 +60,6 @@ down: ## stop the local control plane and remove its data
 
 bench: deps ## BENCHMARKS.md's tables in one run (not part of test; BENCH_* options: see hack/bench)
 	@hack/bench
+
+go-test: deps ## the Go module (go/): gofmt, go vet and its tests against the control plane, PostgreSQL, Redis and the operator
+	@hack/go-test
