@@ -35,7 +35,7 @@ use clap::Parser;
 use fenced_lease::api::{FenceSpec, FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 use fenced_lease::fence::kube::LEASE_POLICY;
 use fenced_lease::fence::postgres::FencedTable;
-use fenced_lease::operator::fence_binding::{desired_binding, desired_kinds_binding};
+use fenced_lease::operator::core::fence::{desired_binding, desired_kinds_binding};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };

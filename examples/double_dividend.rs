@@ -26,7 +26,7 @@ use fenced_lease::api::FencedLease;
 use fenced_lease::fence::kube::stamp;
 use fenced_lease::fence::postgres::FencedTable;
 use fenced_lease::holder::{AcquireOptions, acquire};
-use fenced_lease::operator::fence_binding::binding_name;
+use fenced_lease::operator::core::fence::binding_name;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};

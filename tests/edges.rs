@@ -180,7 +180,7 @@ async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_c
                     .finalizers
                     .iter()
                     .flatten()
-                    .any(|f| f == fenced_lease::operator::high_water::FINALIZER)
+                    .any(|f| f == fenced_lease::operator::reconcile::token_records::FINALIZER)
             }))
         .then_some(())
     })

@@ -14,7 +14,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, api_error_message, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION};
 use fenced_lease::fence::{self, kube::stamp_patch};
-use fenced_lease::operator::fence_binding::{binding_name, desired_binding, kinds_binding_name};
+use fenced_lease::operator::core::fence::{binding_name, desired_binding, kinds_binding_name};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

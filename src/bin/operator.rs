@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use fenced_lease::operator::http::{self, Health};
-use fenced_lease::operator::leader::Election;
 use fenced_lease::operator::metrics::Metrics;
-use fenced_lease::operator::run::{self, Settings};
+use fenced_lease::operator::runtime::http::{self, Health};
+use fenced_lease::operator::runtime::leader::Election;
+use fenced_lease::operator::runtime::run::{self, Settings};
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};

@@ -22,7 +22,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
+use crate::operator::error::truncate;
+use crate::operator::metrics::Metrics;
 
 /// Events waiting to be published; beyond this they are dropped.
 pub const QUEUE: usize = 1024;
@@ -54,6 +55,40 @@ impl Events {
         };
         tokio::spawn(drain(publisher, metrics.clone(), rx, timeout, stop));
         Self { tx, metrics }
+    }
+
+    /// Queues an Event for publishing; never waits, and a failure is never fatal.
+    pub fn event(
+        &self,
+        on: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.event_about(on, None, type_, reason, action, note);
+    }
+
+    /// Queues an Event about `on` that concerns `related` too (a lease's claim). Events of
+    /// the same reason about different claims stay distinct instead of being folded into one
+    /// series, so every grant keeps its own note (and token).
+    pub fn event_about(
+        &self,
+        on: &ObjectReference,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1024).to_string()),
+            action: action.into(),
+            secondary: related,
+        };
+        self.publish(on, event);
     }
 
     /// Queues `event` about `on`; never waits. A full queue drops it (counted and logged).

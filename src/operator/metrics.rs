@@ -6,9 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
-};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -16,21 +14,14 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::context::{joined_name, split_name};
 use crate::api::FencedLease;
+pub use crate::operator::core::transitions::Transition;
+use crate::operator::names::{joined_name, split_name};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
     pub namespace: String,
     pub lease: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum Transition {
-    Granted,
-    Expired,
-    Released,
-    Revoked,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::ClaimPhase;
 
-use super::token::{TokenFloor, next_token};
+use crate::operator::core::token::{TokenFloor, next_token};
 
 /// A claim as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -174,7 +174,7 @@ fn holder_verdict(
 
 /// Decides one step for one lease: end the holder if it must end, grant the next claim if
 /// the lease is free. `now_ms` is the wall clock (ms since the Unix epoch), a floor of the
-/// next token (see [`super::token`]). Tokens only come from [`next_token`] over the lease's
+/// next token (see [`crate::operator::core::token`]). Tokens only come from [`next_token`] over the lease's
 /// last token and recorded high-water mark, so they grow per lease name, never repeat (I1).
 pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64) -> Plan {
     let mut plan = Plan {

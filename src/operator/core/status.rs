@@ -4,10 +4,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::cached::CachedClaim;
 use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHolder};
+use crate::operator::state::claim::CachedClaim;
 
-use super::decide::{EndReason, Plan, PodPresence};
+use crate::operator::core::decide::{EndReason, Plan, PodPresence};
 
 /// The generation a claim status records: none. Every heartbeat changes the claim's spec
 /// (`renewTime`), so recording the generation would cost an operator write per heartbeat; a
@@ -281,7 +281,7 @@ mod tests {
 
     use super::*;
     use crate::api::{FencedLeaseClaim, FencedLeaseClaimSpec};
-    use crate::operator::decide::{Ended, Grant};
+    use crate::operator::core::decide::{Ended, Grant};
 
     fn claim(name: &str, phase: Option<ClaimPhase>) -> CachedClaim {
         let mut c = FencedLeaseClaim::new(

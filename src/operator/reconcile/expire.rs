@@ -16,12 +16,12 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
-use super::cached::CachedClaim;
-use super::context::Context;
-use super::error::{Result, timed};
-use super::heartbeat::beat_of;
-use super::status;
 use crate::api::{ClaimPhase, FencedLeaseClaim};
+use crate::operator::context::Context;
+use crate::operator::core::status;
+use crate::operator::error::{Result, timed};
+use crate::operator::state::claim::CachedClaim;
+use crate::operator::state::heartbeat::beat_of;
 
 /// Claims read from the API during one reconcile, by UID: fresher than the cache. `None`
 /// marks a claim the API no longer has.
@@ -54,10 +54,10 @@ pub async fn confirm_and_expire(
     holder: bool,
     fresh: &mut Fresh,
 ) -> Result<Confirmed> {
-    let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
     let read = timed(
         "read claim before expiry",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         api.get_opt(name),
     )
     .await?;
@@ -93,7 +93,7 @@ pub async fn confirm_and_expire(
     update.status = Some(status::expired_status(current, lease, holder));
     match timed(
         "expire claim",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         api.replace_status(name, &PostParams::default(), &update),
     )
     .await
@@ -111,7 +111,7 @@ pub async fn confirm_and_expire(
                 .as_ref()
                 .and_then(|s| s.message.clone())
                 .unwrap_or_default();
-            ctx.event(
+            ctx.events.event(
                 &written.object_ref(&()),
                 EventType::Warning,
                 "Expired",

@@ -4,7 +4,6 @@
 //! finalizer running, say), never `Pending` again. Everything else about claims follows from
 //! their lease's status.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -12,36 +11,19 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
-use tokio_util::sync::CancellationToken;
 
-use super::cached::CachedClaim;
-use super::context::Context;
-use super::error::{Error, Result, timed};
-use super::reconcile::MANAGER;
-use super::status::{CLAIM_GENERATION, set_condition};
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
+use crate::operator::context::Context;
+use crate::operator::core::status::{CLAIM_GENERATION, set_condition};
+use crate::operator::error::{Error, Result, timed};
+use crate::operator::reconcile::lease::MANAGER;
+use crate::operator::state::claim::CachedClaim;
 
 /// When to look at a claim again, if at all.
 type Again = Option<Duration>;
 
-/// Reconciles the claims sent on `triggers` (see [`runner`](super::runner)), until `stop`.
-pub async fn run(
-    ctx: Arc<Context>,
-    concurrency: usize,
-    triggers: UnboundedReceiver<ClaimKey>,
-    again: UnboundedSender<ClaimKey>,
-    stop: CancellationToken,
-) {
-    super::runner::run(concurrency, triggers, again, stop, move |key| {
-        let ctx = ctx.clone();
-        async move { reconcile_cached(&ctx, &key).await }
-    })
-    .await
-}
-
 /// The claim `key` names, reconciled if the cache still has it; when to look again.
-async fn reconcile_cached(ctx: &Context, key: &ClaimKey) -> Again {
+pub async fn reconcile(ctx: &Context, key: &ClaimKey) -> Again {
     let claim = ctx.claims.get(&key.0, &key.1)?;
     match reconcile_claim(&claim, ctx).await {
         Ok(again) => {
@@ -80,10 +62,10 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
     }
     // The cache may not have heard of a lease created a moment ago: a holder told that its
     // lease does not exist gives up, so only the API may say so.
-    let leases: Api<FencedLease> = Api::namespaced(ctx.client.clone(), &ns);
+    let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), &ns);
     if timed(
         "read lease",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         leases.get_metadata_opt(lease),
     )
     .await?
@@ -134,18 +116,18 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         Timestamp::now(),
     );
     if desired != current {
-        let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
         let patch = json!({ "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "status": desired });
         let params = PatchParams::apply(MANAGER).force();
         timed(
             "write claim status",
-            ctx.api_timeout,
+            ctx.kube.timeout,
             api.patch_status(&claim.name_any(), &params, &Patch::Apply(&patch)),
         )
         .await?;
     }
     if current.phase == Some(ClaimPhase::Granted) {
-        ctx.event(
+        ctx.events.event(
             &claim.reference(),
             EventType::Warning,
             "Revoked",
@@ -153,7 +135,7 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
             message,
         );
     } else if !already_told {
-        ctx.event(
+        ctx.events.event(
             &claim.reference(),
             EventType::Warning,
             "LeaseNotFound",
@@ -170,5 +152,5 @@ fn error_policy(claim: &CachedClaim, error: &Error, ctx: &Context) -> Duration {
         .failures
         .failed(&failure_key(claim), error.event_reason());
     tracing::warn!(claim = %claim.name_any(), namespace = ?claim.metadata.namespace, error = %error, attempt, "claim reconcile failed");
-    super::backoff::retry_delay(attempt, rand::random::<f64>())
+    crate::operator::state::failures::retry_delay(attempt, rand::random::<f64>())
 }

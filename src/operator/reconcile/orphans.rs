@@ -14,10 +14,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::context::Context;
-use super::error::timed;
 use super::pods::set_annotation;
 use crate::api::{FencedLease, token_annotation_key};
+use crate::operator::context::Context;
+use crate::operator::error::timed;
 
 /// A pod that carries the token annotation of a lease the cache does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub async fn sweep(
     }
 }
 
-async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> super::error::Result<()> {
+async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::error::Result<()> {
     let Orphan {
         namespace: ns,
         pod,
@@ -59,10 +59,10 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> super::error::Result<
     if ctx.leases.get(&ObjectRef::new(lease).within(ns)).is_some() {
         return Ok(()); // the lease reconciler owns this annotation
     }
-    let leases: Api<FencedLease> = Api::namespaced(ctx.client.clone(), ns);
+    let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), ns);
     if timed(
         "read lease",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         leases.get_metadata_opt(lease),
     )
     .await?
@@ -77,7 +77,7 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> super::error::Result<
     if cached.token(lease).is_none() {
         return Ok(());
     }
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
     set_annotation(ctx, &api, &cached, &key, None).await?;
     info!(pod = %pod, namespace = %ns, lease = %lease, "removed the token annotation of a lease that no longer exists");
     Ok(())

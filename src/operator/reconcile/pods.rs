@@ -1,76 +1,16 @@
 //! Holder pods: whether the pod a claim names exists, and the token annotation on it.
 
+use crate::operator::state::CachedPod;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
 use serde_json::json;
 
-use super::cache::{Cache, Keyed};
-use super::cached::CachedClaim;
-use super::context::Context;
-use super::decide::PodPresence;
-use super::error::{Result, timed};
-use crate::api::{FencedLease, TOKEN_ANNOTATION_PREFIX, token_annotation_key};
-
-/// What the operator keeps of a pod: its name, UID and version, and its token annotations.
-/// Pods are most of the objects it watches; kept as metadata objects, 10,000 of them took
-/// ~1.1 KiB each (a map of even one annotation is a B-tree node of ~0.5 KiB), this ~0.4 KiB.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CachedPod {
-    pub name: String,
-    pub namespace: String,
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
-    /// `(lease, token)` of each `token.fencing.dev/<lease>` annotation.
-    pub tokens: Vec<(String, String)>,
-}
-
-impl CachedPod {
-    pub fn from_meta(pod: PartialObjectMeta<Pod>) -> Self {
-        let meta = pod.metadata;
-        let tokens = meta
-            .annotations
-            .into_iter()
-            .flatten()
-            .filter_map(|(key, value)| {
-                let lease = key
-                    .strip_prefix(TOKEN_ANNOTATION_PREFIX)?
-                    .strip_prefix('/')?;
-                Some((lease.to_owned(), value))
-            })
-            .collect();
-        Self {
-            name: meta.name.unwrap_or_default(),
-            namespace: meta.namespace.unwrap_or_default(),
-            uid: meta.uid,
-            resource_version: meta.resource_version,
-            tokens,
-        }
-    }
-
-    /// Its token annotation of lease `lease`, if any.
-    pub fn token(&self, lease: &str) -> Option<&str> {
-        self.tokens
-            .iter()
-            .find(|(l, _)| l == lease)
-            .map(|(_, token)| token.as_str())
-    }
-
-    /// The leases whose token annotation it carries.
-    pub fn leases(&self) -> Vec<String> {
-        self.tokens.iter().map(|(lease, _)| lease.clone()).collect()
-    }
-}
-
-impl Keyed for CachedPod {
-    fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-}
+use crate::api::{FencedLease, token_annotation_key};
+use crate::operator::context::Context;
+use crate::operator::core::decide::PodPresence;
+use crate::operator::error::{Result, timed};
+use crate::operator::state::cache::Cache;
+use crate::operator::state::claim::CachedClaim;
 
 /// Does the pod `claim` names exist, as the cache says? `granted_to` is the pod UID its
 /// grant was made to, if it holds the lease.
@@ -95,8 +35,8 @@ pub async fn confirmed_presence(
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
         return Ok(PodPresence::NotNamed);
     };
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let pod = timed("read pod", ctx.api_timeout, api.get_metadata_opt(pod_name)).await?;
+    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
+    let pod = timed("read pod", ctx.kube.timeout, api.get_metadata_opt(pod_name)).await?;
     Ok(presence_of(
         claim,
         pod.map(CachedPod::from_meta).as_ref(),
@@ -170,7 +110,7 @@ pub async fn repair_annotations(
         .iter()
         .filter_map(|name| ctx.pods.get(ns, name))
         .filter(|p| p.token(lease_name).is_some() || is_wanted(p));
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
     for pod in pods {
         // The cache has not shown this operator's own last write of the pod yet: that write
         // already did what this one would. The pod's event brings the next reconcile.
@@ -208,7 +148,7 @@ pub async fn set_annotation(
     let patch = json!({ "metadata": { "uid": pod.uid, "annotations": { key: value } } });
     match timed(
         "annotate pod",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         api.patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch)),
     )
     .await
@@ -226,45 +166,5 @@ pub async fn set_annotation(
         // immutable"). Any other refusal (an admission policy, say) is an error.
         Err(e) if e.is_not_found() || e.is_uid_mismatch() => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cached_pod_keeps_its_identity_and_token_annotations_only() {
-        let pod: PartialObjectMeta<Pod> = serde_json::from_value(json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": {
-                "name": "web-0", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
-                "labels": {"app": "web"},
-                "annotations": {
-                    "token.fencing.dev/db": "12",
-                    "token.fencing.dev.example/x": "another tool's",
-                    "token.fencing.dev": "no lease",
-                    "kubectl.kubernetes.io/last-applied-configuration": "{}"
-                }
-            }
-        }))
-        .unwrap();
-        let cached = CachedPod::from_meta(pod);
-        assert_eq!(
-            cached,
-            CachedPod {
-                name: "web-0".into(),
-                namespace: "ns".into(),
-                uid: Some("u-1".into()),
-                resource_version: Some("7".into()),
-                tokens: vec![("db".into(), "12".into())],
-            }
-        );
-        assert_eq!(cached.token("db"), Some("12"));
-        assert_eq!(cached.token("x"), None);
-        assert_eq!(
-            (Keyed::namespace(&cached), Keyed::name(&cached)),
-            ("ns", "web-0")
-        );
     }
 }

@@ -6,22 +6,22 @@
 //! and the lease's namespace being deleted.
 //!
 //! The record is the second line of defence: tokens are also never below the wall-clock
-//! time of their grant (see [`super::token`]), so a lease re-created after the record is
+//! time of their grant (see [`crate::operator::core::token`]), so a lease re-created after the record is
 //! lost too (deleted, left behind in another namespace, the finalizer stripped) still starts
 //! above its past. A record that cannot be read is never taken as zero: the lease waits, with
 //! a condition and a Warning Event, until someone repairs or deletes it. Records older than
 //! [`PRUNE_AFTER`] by the clock are dropped when a record is written: the clock covers them.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use crate::operator::state::records::{locked, raise};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::context::Context;
-use super::error::{Error, Result, timed};
 use crate::api::FencedLease;
+use crate::operator::context::Context;
+use crate::operator::error::{Error, Result, timed};
 
 /// Finalizer that records the lease's last token before it is deleted.
 pub const FINALIZER: &str = "fencing.dev/token-high-water-mark";
@@ -72,10 +72,10 @@ fn record_of(cm: &ConfigMap, lease: &str) -> Result<i64> {
 
 /// The recorded high-water mark of lease `ns/name`, 0 when none. Read from the API, not a cache.
 pub async fn read(ctx: &Context, ns: &str, name: &str) -> Result<i64> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.state_namespace);
+    let api: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), &ctx.state_namespace);
     let cm = timed(
         "read token record",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         api.get_opt(&config_map_name(ns)),
     )
     .await?;
@@ -104,45 +104,6 @@ pub fn raised(
         next.insert(lease.to_string(), token.to_string());
     }
     (&next != data).then_some(next)
-}
-
-/// Records queued for the ConfigMaps, by lease namespace. Every lease of a namespace is
-/// recorded in one ConfigMap, so deleting many at once (a namespace, a CRD) made up to the
-/// reconcile concurrency of optimistic read-modify-writes race on it: most lost, and a
-/// 10,000-lease namespace took over an hour to go. Now one write at a time per ConfigMap
-/// takes every record queued for it (a group commit); the others wait their turn and find
-/// their record written.
-#[derive(Debug, Default)]
-pub struct Records {
-    by_namespace: Mutex<HashMap<String, Arc<Queue>>>,
-}
-
-#[derive(Debug, Default)]
-struct Queue {
-    /// One writer at a time; an async lock, so a reconcile dropped while writing frees it.
-    turn: tokio::sync::Mutex<()>,
-    /// lease -> token, waiting for a write.
-    queued: Mutex<BTreeMap<String, i64>>,
-    /// lease -> token, written by someone else's turn, until its own caller collects it.
-    written: Mutex<BTreeMap<String, i64>>,
-}
-
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn raise(records: &mut BTreeMap<String, i64>, lease: &str, token: i64) {
-    let slot = records.entry(lease.to_string()).or_insert(token);
-    *slot = (*slot).max(token);
-}
-
-impl Records {
-    fn queue(&self, ns: &str) -> Arc<Queue> {
-        locked(&self.by_namespace)
-            .entry(ns.to_string())
-            .or_default()
-            .clone()
-    }
 }
 
 /// Raises the recorded mark of `ns/name` to `token` (never lowers it). The write is shared
@@ -195,11 +156,11 @@ async fn write_records(
     ns: &str,
     batch: &BTreeMap<String, i64>,
 ) -> Result<BTreeMap<String, Error>> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.state_namespace);
+    let api: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), &ctx.state_namespace);
     let cm_name = config_map_name(ns);
     for _ in 0..10 {
         let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-        let current = timed("read token record", ctx.api_timeout, api.get_opt(&cm_name)).await?;
+        let current = timed("read token record", ctx.kube.timeout, api.get_opt(&cm_name)).await?;
         let (result, damaged) = match current {
             None => {
                 let cm = ConfigMap {
@@ -221,7 +182,7 @@ async fn write_records(
                 };
                 let created = timed(
                     "create token record",
-                    ctx.api_timeout,
+                    ctx.kube.timeout,
                     api.create(&PostParams::default(), &cm),
                 )
                 .await;
@@ -245,7 +206,7 @@ async fn write_records(
                 cm.data = Some(data);
                 let replaced = timed(
                     "update token record",
-                    ctx.api_timeout,
+                    ctx.kube.timeout,
                     api.replace(&cm_name, &PostParams::default(), &cm),
                 )
                 .await;
@@ -308,7 +269,7 @@ async fn patch_finalizers(
     let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": lease.metadata.resource_version } });
     match timed(
         "patch lease finalizers",
-        ctx.api_timeout,
+        ctx.kube.timeout,
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
     )
     .await

@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
+use crate::operator::metrics::Metrics;
 
 #[derive(Clone)]
 pub struct Health {

@@ -16,7 +16,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::error::{Error, Result, timed};
+use crate::operator::error::{Error, Result, timed};
 
 /// Held leadership.
 pub struct Leadership {

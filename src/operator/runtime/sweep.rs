@@ -11,63 +11,23 @@
 //! removed). Queued all at once, they held a lease created meanwhile, elsewhere, for more
 //! than 30 s at 10,000 leases.
 
+use crate::operator::state::Swept;
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Context, joined_name, split_name};
 use crate::api::FencedLease;
+use crate::operator::context::Context;
+use crate::operator::names::{joined_name, split_name};
 
 /// How often the sweep looks whether it may queue more.
 const POLL: Duration = Duration::from_millis(5);
 /// Queued leases gone from the cache for this long are no longer waited for.
 const PRUNE: Duration = Duration::from_secs(1);
-
-/// Leases the sweep or the pacing of deletions has queued whose reconcile has not finished.
-#[derive(Default)]
-pub struct Swept {
-    queued: Mutex<HashSet<ObjectRef<FencedLease>>>,
-}
-
-impl Swept {
-    /// A reconcile of `lease` finished.
-    pub fn finished(&self, lease: &ObjectRef<FencedLease>) {
-        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
-        if !queued.is_empty() {
-            queued.remove(lease);
-        }
-    }
-
-    fn contains(&self, lease: &ObjectRef<FencedLease>) -> bool {
-        self.queued
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(lease)
-    }
-
-    fn len(&self) -> usize {
-        self.queued.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    fn queue(&self, lease: ObjectRef<FencedLease>) -> bool {
-        self.queued
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(lease)
-    }
-
-    /// Stops waiting for leases the cache no longer has (deleted: never reconciled).
-    fn prune(&self, store: &Store<FencedLease>) {
-        self.queued
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|lease| store.get(lease).is_some());
-    }
-}
 
 /// Queues every lease on `triggers` each time `requests` asks (requests that arrive during a
 /// sweep fold into one more sweep), with at most `limit` queued or reconciling, until `stop`.

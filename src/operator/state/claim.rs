@@ -4,7 +4,7 @@
 //! (malloc's chunks counted, the store's key too): a 360-byte `ObjectMeta` of mostly unread
 //! fields, owner references kept for one UID, and conditions whose type, status and reason are
 //! nearly always the same few words, 25 allocations in all. As a `CachedClaim` in a
-//! [`Cache`](super::cache::Cache): ~1.1 KiB, 12 allocations.
+//! [`Cache`](crate::operator::state::cache::Cache): ~1.1 KiB, 12 allocations.
 
 use std::borrow::Cow;
 
@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 
-use super::cache::Keyed;
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseClaimStatus};
+use crate::operator::state::cache::Keyed;
 
 /// A string that is nearly always one of the words below: those are not allocated per object.
 pub type Word = Cow<'static, str>;

@@ -11,11 +11,11 @@ use std::sync::Mutex;
 
 /// Versions written over, per object UID (a handful at most: one per write not yet seen).
 #[derive(Default)]
-pub struct Written {
+pub struct OwnWrites {
     over: Mutex<HashMap<String, Vec<String>>>,
 }
 
-impl Written {
+impl OwnWrites {
     /// Records that a write replaced version `before` of object `uid` with `after`. A write
     /// that changed nothing (the same version back) is not recorded: no event follows it.
     pub fn wrote(&self, uid: &str, before: Option<&str>, after: Option<&str>) {
@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn a_version_written_over_is_stale_until_the_cache_shows_another() {
-        let w = Written::default();
+        let w = OwnWrites::default();
         w.wrote("a", Some("1"), Some("2"));
         w.wrote("a", Some("2"), Some("3"));
         assert!(w.is_superseded(Some("a"), Some("1")));
@@ -106,7 +106,7 @@ mod tests {
 
     #[test]
     fn a_write_that_changed_nothing_is_not_recorded() {
-        let w = Written::default();
+        let w = OwnWrites::default();
         w.wrote("a", Some("5"), Some("5"));
         assert!(!w.is_superseded(Some("a"), Some("5")));
         w.wrote("b", None, Some("5"));
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn a_watch_event_of_a_newer_version_drops_the_record() {
-        let w = Written::default();
+        let w = OwnWrites::default();
         w.wrote("a", Some("1"), Some("2"));
         w.seen(Some("a"), Some("1"));
         assert!(!w.is_empty(), "the event of the version written over");
@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn forgotten_objects_are_not_stale() {
-        let w = Written::default();
+        let w = OwnWrites::default();
         w.wrote("a", Some("1"), Some("2"));
         w.forget("a");
         assert!(!w.is_superseded(Some("a"), Some("1")));

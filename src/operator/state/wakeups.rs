@@ -14,8 +14,8 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{joined_name, split_name};
 use crate::api::FencedLease;
+use crate::operator::names::{joined_name, split_name};
 
 /// The next wake-up of every lease that has one.
 #[derive(Debug, Default)]

@@ -1,0 +1,361 @@
+//! What the operator reports of a lease changing hands: for each transition a decision made,
+//! the metric it counts, the log line, and the Event on the lease (naming the claim).
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::EventType;
+use prometheus_client::encoding::EncodeLabelValue;
+
+use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus};
+use crate::operator::core::decide::{EndReason, Plan};
+use crate::operator::names::claim_reference;
+
+/// A change of hands, as counted by `fenced_lease_transitions_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Transition {
+    Granted,
+    Expired,
+    Released,
+    Revoked,
+}
+
+/// One thing to report about a lease.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notice {
+    /// Counted, when it is a change of hands.
+    pub transition: Option<Transition>,
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+    /// The claim it concerns, named on the Event.
+    pub claim: Option<ObjectReference>,
+    /// The token concerned (0 when none).
+    pub token: i64,
+}
+
+/// What to report of `plan` carried out on lease `ns/name`: its holder ending (as the status
+/// `before` named it), a grant (to the holder `after` names), tokens running out.
+pub fn notices(
+    ns: &str,
+    before: &FencedLeaseStatus,
+    after: &FencedLeaseStatus,
+    spec_duration_seconds: i32,
+    plan: &Plan,
+) -> Vec<Notice> {
+    let mut notices = Vec::new();
+    if let (Some(ended), Some(holder)) = (&plan.ended, &before.holder) {
+        let who = format!("{} (claim {})", holder.identity, holder.claim);
+        let token = before.fencing_token;
+        let (reason, transition, note) = match ended.reason {
+            EndReason::Expired => (
+                "Expired",
+                Transition::Expired,
+                format!(
+                    "{who} expired with token {token}: no heartbeat for {}s",
+                    before
+                        .lease_duration_seconds
+                        .unwrap_or(spec_duration_seconds)
+                ),
+            ),
+            EndReason::Released => (
+                "Released",
+                Transition::Released,
+                format!("{who} released token {token}"),
+            ),
+            EndReason::PodDeleted => revoked(&who, token, "its pod was deleted"),
+            EndReason::LeaseDeleted => revoked(&who, token, "the lease is being deleted"),
+            EndReason::Revoked => revoked(&who, token, "its claim was revoked"),
+        };
+        notices.push(Notice {
+            transition: Some(transition),
+            type_: EventType::Normal,
+            reason,
+            action: "Hand-over",
+            note,
+            claim: Some(claim_reference(ns, &holder.claim, &holder.claim_uid)),
+            token,
+        });
+    }
+    if let Some(grant) = &plan.grant {
+        let identity = after.holder.as_ref().map_or("", |h| h.identity.as_str());
+        notices.push(Notice {
+            transition: Some(Transition::Granted),
+            type_: EventType::Normal,
+            reason: "Granted",
+            action: "Grant",
+            note: format!(
+                "granted token {} to {identity} (claim {})",
+                grant.token, grant.claim
+            ),
+            claim: Some(claim_reference(ns, &grant.claim, &grant.uid)),
+            token: grant.token,
+        });
+    }
+    if plan.tokens_exhausted {
+        notices.push(Notice {
+            transition: None,
+            type_: EventType::Warning,
+            reason: "TokensExhausted",
+            action: "Grant",
+            note: "no fencing token is left to issue: the token space is exhausted".into(),
+            claim: None,
+            token: 0,
+        });
+    }
+    notices
+}
+
+/// What a claim's status said before it is written again.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClaimWas {
+    pub phase: Option<ClaimPhase>,
+    /// Its condition `PodFound` was `False`.
+    pub pod_missing: bool,
+}
+
+/// What to report on a claim of lease `ns/lease` whose status goes from `was` to `desired`
+/// (`pod` is the pod it names): becoming the holder, losing the lease, its pod found missing.
+/// Only the Event fields are set: the lease's notices count the transitions.
+pub fn claim_notices(
+    was: ClaimWas,
+    desired: &FencedLeaseClaimStatus,
+    ns: &str,
+    lease: &str,
+    pod: Option<&str>,
+) -> Vec<Notice> {
+    let mut notices = Vec::new();
+    let phase = was.phase;
+    let notice = |type_, reason, action, note| Notice {
+        transition: None,
+        type_,
+        reason,
+        action,
+        note,
+        claim: None,
+        token: desired.fencing_token.unwrap_or_default(),
+    };
+    match desired.phase {
+        became if became == phase => {}
+        Some(ClaimPhase::Granted) => {
+            let token = desired.fencing_token.unwrap_or_default();
+            let note = format!("holds lease {lease} with token {token}");
+            notices.push(notice(EventType::Normal, "Granted", "Grant", note));
+        }
+        Some(became @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => {
+            let reason = if became == ClaimPhase::Expired {
+                "Expired"
+            } else {
+                "Revoked"
+            };
+            let note = desired.message.clone().unwrap_or_default();
+            notices.push(notice(EventType::Warning, reason, "Hand-over", note));
+        }
+        _ => {}
+    }
+    let pod_missing = desired
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "PodFound" && c.status == "False");
+    if pod_missing && !was.pod_missing {
+        let pod = pod.unwrap_or_default();
+        let note = format!(
+            "pod {pod} does not exist in namespace {ns}; the claim cannot hold lease {lease} until it does"
+        );
+        notices.push(notice(EventType::Warning, "PodNotFound", "Grant", note));
+    }
+    notices
+}
+
+fn revoked(who: &str, token: i64, why: &str) -> (&'static str, Transition, String) {
+    (
+        "Revoked",
+        Transition::Revoked,
+        format!("{who} lost token {token}: {why}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LeaseHolder;
+    use crate::operator::core::decide::{Ended, Grant};
+
+    fn holder(claim: &str, identity: &str) -> LeaseHolder {
+        LeaseHolder {
+            claim: claim.into(),
+            claim_uid: format!("uid-{claim}"),
+            identity: identity.into(),
+            pod_name: None,
+            pod_uid: None,
+        }
+    }
+
+    fn status(token: i64, holder_of: Option<LeaseHolder>) -> FencedLeaseStatus {
+        FencedLeaseStatus {
+            fencing_token: token,
+            holder: holder_of,
+            lease_duration_seconds: Some(7),
+            ..Default::default()
+        }
+    }
+
+    fn plan(ended: Option<EndReason>, grant: Option<(&str, i64)>) -> Plan {
+        Plan {
+            ended: ended.map(|reason| Ended {
+                uid: "uid-a".into(),
+                reason,
+            }),
+            grant: grant.map(|(claim, token)| Grant {
+                claim: claim.into(),
+                uid: format!("uid-{claim}"),
+                token,
+            }),
+            holder_uid: None,
+            queue: vec![],
+            expire: vec![],
+            tokens_exhausted: false,
+            wake_at: None,
+            positions: Default::default(),
+        }
+    }
+
+    #[test]
+    fn an_expiry_then_a_grant_are_two_transitions_in_that_order() {
+        let before = status(4, Some(holder("a", "pod-a")));
+        let after = status(5, Some(holder("b", "pod-b")));
+        let n = notices(
+            "ns",
+            &before,
+            &after,
+            10,
+            &plan(Some(EndReason::Expired), Some(("b", 5))),
+        );
+        let said: Vec<_> = n
+            .iter()
+            .map(|n| (n.transition, n.reason, n.token))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (Some(Transition::Expired), "Expired", 4),
+                (Some(Transition::Granted), "Granted", 5)
+            ]
+        );
+        // The term the holder was granted, not the spec's.
+        assert_eq!(
+            n[0].note,
+            "pod-a (claim a) expired with token 4: no heartbeat for 7s"
+        );
+        assert_eq!(n[1].note, "granted token 5 to pod-b (claim b)");
+        assert_eq!(n[1].claim.as_ref().unwrap().uid.as_deref(), Some("uid-b"));
+    }
+
+    #[test]
+    fn each_end_says_why() {
+        let before = status(4, Some(holder("a", "pod-a")));
+        for (reason, says, why) in [
+            (EndReason::Released, "Released", "released token 4"),
+            (EndReason::PodDeleted, "Revoked", "its pod was deleted"),
+            (
+                EndReason::LeaseDeleted,
+                "Revoked",
+                "the lease is being deleted",
+            ),
+            (EndReason::Revoked, "Revoked", "its claim was revoked"),
+        ] {
+            let n = notices("ns", &before, &before, 10, &plan(Some(reason), None));
+            assert_eq!(n.len(), 1);
+            assert_eq!(n[0].reason, says);
+            assert!(n[0].note.contains(why), "{}", n[0].note);
+        }
+    }
+
+    #[test]
+    fn nothing_to_say_without_a_holder_ending_or_a_grant() {
+        let idle = status(4, None);
+        // An end with no holder named before is not reported (nobody ended).
+        assert!(
+            notices(
+                "ns",
+                &idle,
+                &idle,
+                10,
+                &plan(Some(EndReason::Expired), None)
+            )
+            .is_empty()
+        );
+        let mut exhausted = plan(None, None);
+        exhausted.tokens_exhausted = true;
+        let n = notices("ns", &idle, &idle, 10, &exhausted);
+        assert_eq!(
+            (n.len(), n[0].type_, n[0].transition),
+            (1, EventType::Warning, None)
+        );
+    }
+
+    fn claim_status(phase: ClaimPhase, pod_found: Option<&str>) -> FencedLeaseClaimStatus {
+        let mut s = FencedLeaseClaimStatus {
+            phase: Some(phase),
+            fencing_token: Some(9),
+            message: Some("lost it".into()),
+            ..Default::default()
+        };
+        if let Some(found) = pod_found {
+            s.conditions.push(
+                serde_json::from_value(serde_json::json!({
+                    "type": "PodFound", "status": found, "reason": "R", "message": "",
+                    "lastTransitionTime": "2026-12-01T00:00:00Z",
+                }))
+                .expect("condition"),
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn a_claim_is_told_when_it_holds_loses_or_its_pod_is_missing_once_each() {
+        let pending = ClaimWas {
+            phase: Some(ClaimPhase::Pending),
+            pod_missing: false,
+        };
+        let said = |was, s: &FencedLeaseClaimStatus| {
+            claim_notices(was, s, "ns", "db", Some("web-0"))
+                .into_iter()
+                .map(|n| (n.reason, n.note))
+                .collect::<Vec<_>>()
+        };
+        let granted = claim_status(ClaimPhase::Granted, None);
+        assert_eq!(
+            said(pending, &granted),
+            [("Granted", "holds lease db with token 9".to_string())]
+        );
+        // Already granted: a repeat of the same phase says nothing.
+        let holding = ClaimWas {
+            phase: Some(ClaimPhase::Granted),
+            ..pending
+        };
+        assert!(said(holding, &granted).is_empty());
+        let expired = claim_status(ClaimPhase::Expired, None);
+        assert_eq!(
+            said(holding, &expired),
+            [("Expired", "lost it".to_string())]
+        );
+        let revoked = claim_status(ClaimPhase::Revoked, None);
+        assert_eq!(said(holding, &revoked)[0].0, "Revoked");
+        // The pod found missing: said once, when the condition turns False.
+        let waiting = claim_status(ClaimPhase::Pending, Some("False"));
+        assert_eq!(
+            said(pending, &waiting),
+            [(
+                "PodNotFound",
+                "pod web-0 does not exist in namespace ns; the claim cannot hold lease db until it does"
+                    .to_string()
+            )]
+        );
+        let still = ClaimWas {
+            pod_missing: true,
+            ..pending
+        };
+        assert!(said(still, &waiting).is_empty());
+    }
+}

@@ -1,0 +1,138 @@
+//! The claims of a lease brought in line with its status.
+
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::expire::Fresh;
+use super::lease::MANAGER;
+use super::pods;
+use super::write_status::{current_claims, newest_grant};
+use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
+use crate::operator::context::Context;
+use crate::operator::core::decide::Plan;
+use crate::operator::core::status;
+use crate::operator::core::transitions::{self, ClaimWas};
+use crate::operator::error::{Result, timed};
+use crate::operator::state::CachedClaim;
+
+/// Brings every claim of the lease in line with the lease status: first those that lose or
+/// wait, then the holder, so no moment shows two claims `Granted`.
+pub async fn repair(
+    ctx: &Context,
+    status: &FencedLeaseStatus,
+    plan: &Plan,
+    fresh: &Fresh,
+    ns: &str,
+    name: &str,
+) -> Result<()> {
+    let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
+    for (claim, desired) in to_write(ctx, status, plan, fresh, ns, name) {
+        let was = ClaimWas {
+            phase: claim.status.as_ref().and_then(|s| s.phase),
+            pod_missing: claim
+                .status
+                .as_ref()
+                .is_some_and(|s| s.has_condition("PodFound", "False")),
+        };
+        if !write(ctx, &api, &claim, &desired).await? {
+            continue;
+        }
+        let pod = claim.spec.pod_name.as_deref();
+        for notice in transitions::claim_notices(was, &desired, ns, name, pod) {
+            let (type_, reason, action) = (notice.type_, notice.reason, notice.action);
+            ctx.events
+                .event(&claim.reference(), type_, reason, action, notice.note);
+        }
+    }
+    Ok(())
+}
+
+/// The claims whose status differs from what the lease status implies, with that status, in
+/// the order to write them.
+fn to_write(
+    ctx: &Context,
+    status: &FencedLeaseStatus,
+    plan: &Plan,
+    fresh: &Fresh,
+    ns: &str,
+    name: &str,
+) -> Vec<(Arc<CachedClaim>, FencedLeaseClaimStatus)> {
+    let now = Timestamp::now();
+    let holder = status.holder.as_ref();
+    let mut writes: Vec<_> = current_claims(ctx, ns, name, fresh)
+        .into_iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        // A claim whose cached copy this operator has already written over: its watch event
+        // is on its way and reconciles the lease again; writing now would repeat.
+        .filter(|c| {
+            !ctx.written.is_superseded(
+                c.metadata.uid.as_deref(),
+                c.metadata.resource_version.as_deref(),
+            )
+        })
+        // A claim granted a token above this status's was granted after it was written (by
+        // another replica, between our write and this repair): this status is stale for it,
+        // and must not revoke it.
+        .filter(|c| newest_grant(std::slice::from_ref(c)) <= status.fencing_token)
+        .filter_map(|c| {
+            let granted_to = holder
+                .filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()))
+                .and_then(|h| h.pod_uid.as_deref());
+            let presence = pods::presence(&c, &ctx.pods, granted_to);
+            let desired = status::claim_status(&c, name, status, plan, presence, now);
+            let same = c.status.as_ref().is_some_and(|s| *s == desired);
+            (!same).then_some((c, desired))
+        })
+        .collect();
+    // Those that lose the lease first, so no moment shows two claims Granted; then the new
+    // holder, so a hand-over does not wait for the queue's position updates; then the queue.
+    writes.sort_by_key(|(_, s)| match s.phase {
+        Some(ClaimPhase::Expired | ClaimPhase::Revoked) => 0,
+        Some(ClaimPhase::Granted) => 1,
+        _ => 2,
+    });
+    writes
+}
+
+/// Writes a claim's status; whether it was written (a claim gone, or already final, is not).
+async fn write(
+    ctx: &Context,
+    api: &Api<FencedLeaseClaim>,
+    claim: &CachedClaim,
+    desired: &FencedLeaseClaimStatus,
+) -> Result<bool> {
+    let claim_name = claim.name_any();
+    let patch = json!({
+        "apiVersion": FencedLeaseClaim::api_version(&()),
+        "kind": FencedLeaseClaim::kind(&()),
+        "status": desired,
+    });
+    let (params, patch) = (PatchParams::apply(MANAGER).force(), Patch::Apply(&patch));
+    let written = timed(
+        "write claim status",
+        ctx.kube.timeout,
+        api.patch_status(&claim_name, &params, &patch),
+    );
+    match written.await {
+        Ok(written) => {
+            ctx.written.wrote(
+                claim.metadata.uid.as_deref().unwrap_or_default(),
+                claim.metadata.resource_version.as_deref(),
+                written.metadata.resource_version.as_deref(),
+            );
+            Ok(true)
+        }
+        Err(e) if e.is_not_found() => Ok(false),
+        // The claim reached a final phase the cache has not shown us yet (Expired and
+        // Revoked are final; the CRD refuses to leave them): nothing to repair.
+        Err(e) if e.is_invalid() => {
+            tracing::debug!(claim = %claim_name, error = %e, "claim status not repaired");
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,356 @@
+//! A lease's status decided and written: each round decides on the caches and what this
+//! reconcile has read from the API, and carries out the [`next_step`] it names.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use tracing::info;
+
+use super::pods;
+use super::token_records;
+use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus};
+use crate::operator::context::Context;
+use crate::operator::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
+use crate::operator::core::status;
+use crate::operator::core::step::{Known, Round, Step, next_step};
+use crate::operator::error::{Error, Result, timed};
+use crate::operator::reconcile::expire::{Confirmed, Fresh, confirm_and_expire};
+use crate::operator::state::CachedClaim;
+
+/// Steps of one reconcile's status write before it gives up (each read, expiry or 409 is one).
+const MAX_STEPS: usize = 16;
+
+/// The status the decision started from, the lease as written (or as read, when nothing
+/// changed), the plan it carries, and the claims read fresh on the way.
+pub type Written = (FencedLeaseStatus, FencedLease, Plan, Fresh);
+
+/// How [`write_lease_status`] ended.
+pub enum Outcome {
+    Written(Box<Written>),
+    /// The lease is gone.
+    Gone,
+    /// The lease was replaced, is being deleted, or lost its finalizer since the reconcile
+    /// started: decide again from the start.
+    Requeue,
+}
+
+/// What the reconcile has read from the API, over the caches.
+#[derive(Default)]
+struct Reads {
+    known: Known,
+    fresh: Fresh,
+    /// Pod presence the API confirmed for a claim (by UID), over the cache's.
+    pods: HashMap<String, PodPresence>,
+}
+
+/// Decides and writes the lease status, reading from the API first what the decision rests
+/// on that the caches alone may not decide (see [`crate::operator::core::step`]).
+pub async fn write_lease_status(
+    ctx: &Context,
+    api: &Api<FencedLease>,
+    mut lease: FencedLease,
+) -> Result<Outcome> {
+    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+    let mut reads = Reads::default();
+    for _ in 0..MAX_STEPS {
+        let d = decide_round(ctx, &lease, &reads, &ns);
+        let round = Round {
+            current: &d.current,
+            newest_grant: newest_grant(&d.claims),
+            plan: &d.plan,
+            unchanged: d.current == d.desired,
+        };
+        match next_step(&reads.known, &round) {
+            Step::ReadLease => {
+                reads.known.lease_read = true;
+                match reread(ctx, api, &lease).await? {
+                    Reread::Lease(read) => lease = *read,
+                    Reread::Gone => return Ok(Outcome::Gone),
+                    Reread::Replaced => return Ok(Outcome::Requeue),
+                }
+            }
+            Step::ConfirmHolder => confirm_holder(ctx, &ns, &d, &mut reads).await?,
+            Step::Expire => expire(ctx, &ns, &name, &d, &mut reads.fresh).await?,
+            Step::ReadRecord => {
+                let record = token_records::read(ctx, &ns, &name).await?;
+                reads.known.record = Some(record);
+            }
+            Step::Done => return Ok(written(d.current, lease, d.plan, reads.fresh)),
+            Step::Write => match write(ctx, api, &lease, d.desired).await? {
+                Wrote::Lease(w) => return Ok(written(d.current, *w, d.plan, reads.fresh)),
+                Wrote::Conflict(read) => lease = *read,
+                Wrote::Gone => return Ok(Outcome::Gone),
+                Wrote::Requeue => return Ok(Outcome::Requeue),
+            },
+        }
+    }
+    Err(Error::Contended(format!("{ns}/{name}")))
+}
+
+fn written(before: FencedLeaseStatus, lease: FencedLease, plan: Plan, fresh: Fresh) -> Outcome {
+    Outcome::Written(Box::new((before, lease, plan, fresh)))
+}
+
+/// One round's decision, and what it rests on.
+struct Decided {
+    current: FencedLeaseStatus,
+    claims: Vec<Arc<CachedClaim>>,
+    views: Vec<ClaimView>,
+    plan: Plan,
+    /// The status the plan implies.
+    desired: FencedLeaseStatus,
+}
+
+/// Decides on the lease as last read, its claims (the cache, overlaid with what was read),
+/// and their pods' presence, above the token record when it has been read.
+fn decide_round(ctx: &Context, lease: &FencedLease, reads: &Reads, ns: &str) -> Decided {
+    let name = lease.name_any();
+    let claims = current_claims(ctx, ns, &name, &reads.fresh);
+    let current = lease.status.clone().unwrap_or_default();
+    let holder_pod_uid = current.holder.as_ref().and_then(|h| h.pod_uid.clone());
+    let holder_uid = current.holder.as_ref().map(|h| h.claim_uid.clone());
+    let now = Instant::now();
+    let views: Vec<ClaimView> = claims
+        .iter()
+        .map(|c| {
+            let granted_to = (c.metadata.uid == holder_uid)
+                .then_some(holder_pod_uid.as_deref())
+                .flatten();
+            let confirmed = c.metadata.uid.as_ref().and_then(|u| reads.pods.get(u));
+            let pod = confirmed
+                .copied()
+                .unwrap_or_else(|| pods::presence(c, &ctx.pods, granted_to));
+            claim_view(ctx, c, pod, now)
+        })
+        .collect();
+    let duration = seconds(lease.spec.lease_duration_seconds);
+    let view = LeaseView {
+        holder_uid,
+        last_token: current.fencing_token,
+        high_water_mark: reads.known.record.unwrap_or(0),
+        min_token: lease.spec.min_token,
+        deleting: lease.metadata.deletion_timestamp.is_some(),
+        term: current.lease_duration_seconds.map_or(duration, seconds),
+        duration,
+    };
+    let plan = decide(&view, &views, now, Timestamp::now().as_millisecond());
+    let granted = plan.grant.as_ref().and_then(|g| {
+        claims
+            .iter()
+            .find(|c| c.metadata.uid.as_deref() == Some(&g.uid))
+    });
+    let term = status::Term {
+        duration_seconds: lease.spec.lease_duration_seconds,
+        pod_uid: granted.and_then(|c| pods::pod_uid(c, &ctx.pods)),
+    };
+    let refs: Vec<&CachedClaim> = claims.iter().map(|c| c.as_ref()).collect();
+    let generation = lease.metadata.generation;
+    let desired = status::lease_status(&current, &plan, &refs, &term, generation, Timestamp::now());
+    Decided {
+        current,
+        claims,
+        views,
+        plan,
+        desired,
+    }
+}
+
+enum Reread {
+    Lease(Box<FencedLease>),
+    Gone,
+    Replaced,
+}
+
+/// The lease as the API has it now.
+async fn reread(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease) -> Result<Reread> {
+    let name = lease.name_any();
+    Ok(
+        match timed("read lease", ctx.kube.timeout, api.get_opt(&name)).await? {
+            Some(read) if read.metadata.uid == lease.metadata.uid => Reread::Lease(Box::new(read)),
+            Some(_) => Reread::Replaced,
+            None => Reread::Gone,
+        },
+    )
+}
+
+/// Expires the claims the plan names, each confirmed silent on a fresh read first; stops at
+/// the first that changed meanwhile (the next round decides again).
+async fn expire(ctx: &Context, ns: &str, name: &str, d: &Decided, fresh: &mut Fresh) -> Result<()> {
+    let holder_uid = d.current.holder.as_ref().map(|h| h.claim_uid.as_str());
+    for uid in &d.plan.expire {
+        let Some(claim) = d.views.iter().find(|v| &v.uid == uid) else {
+            continue;
+        };
+        let holder = holder_uid == Some(uid.as_str());
+        let confirmed = confirm_and_expire(
+            ctx,
+            ns,
+            name,
+            &claim.name,
+            uid,
+            claim.last_beat,
+            holder,
+            fresh,
+        )
+        .await?;
+        if confirmed == Confirmed::Changed {
+            break;
+        }
+    }
+    Ok(())
+}
+
+enum Wrote {
+    Lease(Box<FencedLease>),
+    /// The lease changed since it was read: this is it now.
+    Conflict(Box<FencedLease>),
+    Gone,
+    Requeue,
+}
+
+/// Writes `desired` as the status of `lease`, on the resourceVersion it was read at.
+async fn write(
+    ctx: &Context,
+    api: &Api<FencedLease>,
+    lease: &FencedLease,
+    desired: FencedLeaseStatus,
+) -> Result<Wrote> {
+    let name = lease.name_any();
+    let mut update = lease.clone();
+    update.status = Some(desired);
+    update.metadata.managed_fields = None;
+    let params = PostParams::default();
+    let result = timed(
+        "write lease status",
+        ctx.kube.timeout,
+        api.replace_status(&name, &params, &update),
+    );
+    match result.await {
+        Ok(written) => {
+            ctx.written.wrote(
+                written.metadata.uid.as_deref().unwrap_or_default(),
+                update.metadata.resource_version.as_deref(),
+                written.metadata.resource_version.as_deref(),
+            );
+            Ok(Wrote::Lease(Box::new(written)))
+        }
+        Err(e) if e.is_conflict() => {
+            ctx.metrics.conflicts.inc();
+            info!(lease = %name, namespace = ?lease.namespace(), "lease changed since it was read; deciding again");
+            let Some(read) = timed("read lease", ctx.kube.timeout, api.get_opt(&name)).await?
+            else {
+                return Ok(Wrote::Gone);
+            };
+            let replaced = read.metadata.uid != lease.metadata.uid;
+            let newly_deleting = read.metadata.deletion_timestamp.is_some()
+                && lease.metadata.deletion_timestamp.is_none();
+            if replaced || newly_deleting || !token_records::has_finalizer(&read) {
+                return Ok(Wrote::Requeue);
+            }
+            Ok(Wrote::Conflict(Box::new(read)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The highest token any `Granted` claim shows.
+pub fn newest_grant(claims: &[Arc<CachedClaim>]) -> i64 {
+    claims
+        .iter()
+        .filter_map(|c| c.status.as_ref())
+        .filter(|s| s.phase == Some(ClaimPhase::Granted))
+        .filter_map(|s| s.fencing_token)
+        .max()
+        .unwrap_or(0)
+}
+
+fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant) -> ClaimView {
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    ClaimView {
+        name: claim.name_any(),
+        last_beat: ctx.heartbeats.last_change(&uid, now),
+        uid,
+        created: claim
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+        deleting: claim.metadata.deletion_timestamp.is_some(),
+        pod,
+        phase: claim.status.as_ref().and_then(|s| s.phase),
+    }
+}
+
+/// A hold ends because its claim or pod is gone only when the API says so. When the cache
+/// alone says so (it has not heard of the claim or its pod yet), the holder's claim and pod
+/// presence as the API has them are recorded in `reads`, to decide again on.
+async fn confirm_holder(ctx: &Context, ns: &str, d: &Decided, reads: &mut Reads) -> Result<()> {
+    let (Some(ended), Some(holder)) = (&d.plan.ended, &d.current.holder) else {
+        return Ok(());
+    };
+    reads.known.holder_checked = Some(holder.claim_uid.clone());
+    let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
+    let read = timed(
+        "read holder claim",
+        ctx.kube.timeout,
+        api.get_opt(&holder.claim),
+    );
+    let Some(claim) = read.await? else {
+        return Ok(()); // really gone
+    };
+    let claim = CachedClaim::from(claim);
+    if claim.metadata.uid.as_deref() != Some(holder.claim_uid.as_str())
+        || claim.metadata.deletion_timestamp.is_some()
+    {
+        return Ok(()); // a new claim of the same name, or being released
+    }
+    let pod = pods::confirmed_presence(ctx, &claim, holder.pod_uid.as_deref()).await?;
+    if pod == PodPresence::Missing && ended.reason == EndReason::PodDeleted {
+        return Ok(()); // really gone
+    }
+    // The cache was behind the API (another replica granted a claim we have not heard of
+    // yet, say): decide on what the API says, not on the cache.
+    if let Some(uid) = claim.metadata.uid.clone() {
+        reads.pods.insert(uid.clone(), pod);
+        reads.fresh.insert(uid, Some(claim));
+    }
+    Ok(())
+}
+
+/// The claims of lease `ns/lease` in the cache, found by index.
+pub fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> {
+    ctx.claims_by_lease
+        .get(ns, lease)
+        .into_iter()
+        .filter_map(|name| ctx.claims.get(ns, &name))
+        .filter(|c| c.spec.lease_name == lease)
+        .collect()
+}
+
+/// The lease's claims: the cache, overlaid with what this reconcile read from the API.
+pub fn current_claims(
+    ctx: &Context,
+    ns: &str,
+    lease: &str,
+    fresh: &Fresh,
+) -> Vec<Arc<CachedClaim>> {
+    let mut claims: Vec<Arc<CachedClaim>> = claims_of(ctx, ns, lease)
+        .into_iter()
+        .filter(|c| {
+            !c.metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| fresh.contains_key(uid))
+        })
+        .collect();
+    claims.extend(fresh.values().flatten().cloned().map(Arc::new));
+    claims
+}
+
+fn seconds(s: i32) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::try_from(s).unwrap_or(1).max(1))
+}

@@ -1,0 +1,88 @@
+//! The lease watch: fills kube-runtime's store (which the controller needs), triggers a
+//! reconcile of each changed lease and a sweep after every (re)list, and forgets what the
+//! operator kept of a deleted lease.
+
+use std::sync::atomic::Ordering;
+
+use futures::{Stream, TryStreamExt};
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::{Memory, Triggers, own_writes};
+use crate::api::FencedLease;
+use crate::operator::context::Kube;
+use crate::operator::metrics::Metrics;
+use crate::operator::names::lease_key;
+use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::runtime::watch;
+
+/// The lease watch of `namespace` (all when `None`), feeding `memory` through `writer`.
+pub fn feed<U>(
+    kube: &Kube,
+    namespace: &Option<String>,
+    unreadable: U,
+    memory: &Memory,
+    writer: reflector::store::Writer<FencedLease>,
+    triggers: &Triggers,
+    metrics: std::sync::Arc<Metrics>,
+) -> impl Stream<Item = Result<watcher::Event<FencedLease>, watcher::Error>> + Send + use<U>
+where
+    U: Fn(&DynamicObject, &serde_json::Error) + Send + 'static,
+{
+    let config = watcher::Config::default();
+    let (memory, triggers) = (memory.clone(), triggers.clone());
+    watch::watch::<FencedLease>(kube.client.clone(), namespace.clone(), config, unreadable)
+        .modify(prune)
+        .reflect(writer)
+        .inspect_ok(move |event| {
+            own_writes(&memory.written, event, |l| {
+                (
+                    l.metadata.uid.as_deref(),
+                    l.metadata.resource_version.as_deref(),
+                )
+            });
+            match event {
+                // A change: reconcile that lease now.
+                watcher::Event::Apply(lease) => {
+                    let _ = triggers.leases.send(lease_key(lease));
+                }
+                // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
+                watcher::Event::InitDone => {
+                    memory.leases_listed.store(true, Ordering::Release);
+                    let _ = triggers.sweeps.try_send(());
+                }
+                watcher::Event::Delete(lease) => gone(&memory, &triggers, &metrics, lease),
+                _ => {}
+            }
+        })
+}
+
+/// Forgets a deleted lease's metrics and timer, and sends the token annotations it left on
+/// pods to be removed.
+fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
+    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+    metrics.forget_lease(&ns, &name);
+    memory.wakeups.forget(&ns, &name);
+    for pod in memory.pods_by_lease.get(&ns, &name) {
+        let _ = triggers.orphans.send(Orphan {
+            namespace: ns.clone(),
+            pod,
+            lease: name.clone(),
+        });
+    }
+}
+
+/// Memory stays small with many objects: nothing the operator never reads is cached. Its
+/// writes never carry these fields back: status writes go to the status subresource (which
+/// keeps the rest of the object as stored), the rest are patches of the fields they set.
+pub fn prune(lease: &mut FencedLease) {
+    let meta = &mut lease.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.annotations = None;
+    meta.generate_name = None;
+    meta.self_link = None;
+    meta.owner_references = None;
+}

@@ -1,0 +1,239 @@
+//! One feed per watch (leases, claims, pods). A feed keeps its caches and indexes in step with
+//! its watch, and sends on [`Triggers`] what each event asks for: a lease to reconcile, a
+//! sweep of every lease after a (re)list, a claim of a missing lease, an orphaned annotation.
+
+pub mod claim;
+pub mod lease;
+pub mod pod;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use futures::{Stream, StreamExt};
+use kube::api::DynamicObject;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::api::FencedLease;
+use crate::operator::context::Kube;
+use crate::operator::metrics::Metrics;
+use crate::operator::reconcile::missing_lease::ClaimKey;
+use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::state::cache::Writer;
+use crate::operator::state::{
+    Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Wakeups,
+};
+
+/// Where feeds send what their events ask for (cheap to clone).
+#[derive(Clone)]
+pub struct Triggers {
+    /// Leases to reconcile: changes, claim and pod events, wake-ups. Paced by the sweep's
+    /// router when the lease is being deleted.
+    pub leases: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
+    /// A (re)list is done: every lease, paced (one request pending is enough).
+    pub sweeps: mpsc::Sender<()>,
+    /// Claims whose lease the cache lacks.
+    pub claims: mpsc::UnboundedSender<ClaimKey>,
+    /// Token annotations of leases that are gone.
+    pub orphans: mpsc::UnboundedSender<Orphan>,
+}
+
+/// The receiving ends of [`Triggers`].
+pub struct Receivers {
+    pub leases: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
+    pub sweeps: mpsc::Receiver<()>,
+    pub claims: mpsc::UnboundedReceiver<ClaimKey>,
+    pub orphans: mpsc::UnboundedReceiver<Orphan>,
+}
+
+pub fn triggers() -> (Triggers, Receivers) {
+    let (leases, lease_rx) = mpsc::unbounded_channel();
+    let (sweeps, sweep_rx) = mpsc::channel(1);
+    let (claims, claim_rx) = mpsc::unbounded_channel();
+    let (orphans, orphan_rx) = mpsc::unbounded_channel();
+    let triggers = Triggers {
+        leases,
+        sweeps,
+        claims,
+        orphans,
+    };
+    let receivers = Receivers {
+        leases: lease_rx,
+        sweeps: sweep_rx,
+        claims: claim_rx,
+        orphans: orphan_rx,
+    };
+    (triggers, receivers)
+}
+
+/// What the feeds fill and the reconcilers read.
+#[derive(Clone)]
+pub struct Memory {
+    /// kube-runtime's store, which its controller needs.
+    pub leases: Store<FencedLease>,
+    /// The leases have been listed (the lease cache is ready).
+    pub leases_listed: Arc<AtomicBool>,
+    pub claims: Cache<CachedClaim>,
+    pub pods: Cache<CachedPod>,
+    pub claims_by_lease: Arc<Index>,
+    pub claims_by_pod: Arc<Index>,
+    pub pods_by_lease: Arc<Index>,
+    pub heartbeats: Arc<Heartbeats>,
+    pub written: Arc<OwnWrites>,
+    pub wakeups: Arc<Wakeups>,
+}
+
+/// The writing ends of [`Memory`]'s caches, one per feed.
+pub struct Writers {
+    pub leases: reflector::store::Writer<FencedLease>,
+    pub claims: Writer<CachedClaim>,
+    pub pods: Writer<CachedPod>,
+}
+
+impl Memory {
+    pub fn new() -> (Memory, Writers) {
+        let (leases, lease_writer) = reflector::store();
+        let (claims, claim_writer) = Cache::new();
+        let (pods, pod_writer) = Cache::new();
+        let memory = Memory {
+            leases,
+            leases_listed: Arc::default(),
+            claims,
+            pods,
+            claims_by_lease: Arc::default(),
+            claims_by_pod: Arc::default(),
+            pods_by_lease: Arc::default(),
+            heartbeats: Arc::default(),
+            written: Arc::default(),
+            wakeups: Arc::default(),
+        };
+        let writers = Writers {
+            leases: lease_writer,
+            claims: claim_writer,
+            pods: pod_writer,
+        };
+        (memory, writers)
+    }
+}
+
+/// Starts the three feeds of `namespace` (all when `None`), until `stop`.
+#[allow(clippy::too_many_arguments)]
+pub fn start<U>(
+    kube: &Kube,
+    namespace: &Option<String>,
+    unreadable: U,
+    memory: &Memory,
+    writers: Writers,
+    triggers: &Triggers,
+    metrics: Arc<Metrics>,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<()>>
+where
+    U: Fn(&DynamicObject, &serde_json::Error) + Clone + Send + 'static,
+{
+    let (ns, leases_writer) = (namespace, writers.leases);
+    let leases = lease::feed(
+        kube,
+        ns,
+        unreadable.clone(),
+        memory,
+        leases_writer,
+        triggers,
+        metrics,
+    );
+    let claims = claim::feed(kube, ns, unreadable, memory, writers.claims, triggers);
+    let pods = pod::feed(kube, ns, memory, writers.pods, triggers);
+    vec![
+        drive("fencedleases", leases, stop.clone()),
+        drive("fencedleaseclaims", claims, stop.clone()),
+        drive("pods", pods, stop.clone()),
+    ]
+}
+
+/// Drives a watch stream (which fills its cache) until `stop`.
+fn drive<S, T>(
+    what: &'static str,
+    stream: S,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(async move {
+        let stream = stream.take_until(stop.cancelled_owned());
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                warn!(watch = what, error = %e, "watch failed; retrying with backoff");
+            }
+        }
+    })
+}
+
+/// Keeps `index` in step with a watch of objects keyed by `keys`: set on apply, removed on
+/// delete, rebuilt from `store` when a relist completes.
+fn index_event<K: Keyed + Clone>(
+    index: &Index,
+    store: &Cache<K>,
+    event: &watcher::Event<K>,
+    keys: impl Fn(&K) -> Vec<String>,
+) {
+    let id = |o: &K| (o.namespace().to_owned(), o.name().to_owned());
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+            let (ns, name) = id(o);
+            index.set(&ns, &name, keys(o));
+        }
+        watcher::Event::Delete(o) => {
+            let (ns, name) = id(o);
+            index.remove(&ns, &name)
+        }
+        watcher::Event::InitDone => index.rebuild(store.state().iter().map(|o| {
+            let (ns, name) = id(o);
+            (ns, name, keys(o.as_ref()))
+        })),
+        watcher::Event::Init => {}
+    }
+}
+
+/// Keeps the marks of the operator's own writes in step with a watch: a watch event showing
+/// the cache past a write removes its mark, and a deleted object's marks go. `version` gives
+/// an object's UID and resourceVersion.
+fn own_writes<K>(
+    written: &OwnWrites,
+    event: &watcher::Event<K>,
+    version: impl Fn(&K) -> (Option<&str>, Option<&str>),
+) {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+            let (uid, resource_version) = version(o);
+            written.seen(uid, resource_version);
+        }
+        watcher::Event::Delete(o) => {
+            if let (Some(uid), _) = version(o) {
+                written.forget(uid);
+            }
+        }
+        watcher::Event::Init | watcher::Event::InitDone => {}
+    }
+}
+
+/// Is this an object of a (re)list? Those are reconciled by the sweep once the list is done.
+fn is_listed<K>(event: &watcher::Event<K>) -> bool {
+    matches!(event, watcher::Event::InitApply(_))
+}
+
+/// The objects a watch event adds, changes or removes.
+fn touched<K>(event: &watcher::Event<K>) -> &[K] {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+            std::slice::from_ref(o)
+        }
+        watcher::Event::Init | watcher::Event::InitDone => &[],
+    }
+}

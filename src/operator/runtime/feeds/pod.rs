@@ -1,0 +1,82 @@
+//! The pod watch (metadata only): fills the pod cache and the index of token annotations,
+//! triggers the leases a pod event concerns, and sends annotations of leases that are gone
+//! to be removed.
+
+use futures::{Stream, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::{Memory, Triggers, index_event, is_listed, own_writes, touched};
+use crate::api::FencedLease;
+use crate::operator::context::Kube;
+use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::state::CachedPod;
+use crate::operator::state::cache::{Writer, map_event};
+
+/// The pod watch of `namespace` (all when `None`), feeding `memory` through `writer`.
+pub fn feed(
+    kube: &Kube,
+    namespace: &Option<String>,
+    memory: &Memory,
+    mut writer: Writer<CachedPod>,
+    triggers: &Triggers,
+) -> impl Stream<Item = Result<watcher::Event<CachedPod>, watcher::Error>> + Send + use<> {
+    let api: Api<PartialObjectMeta<Pod>> = match namespace {
+        Some(ns) => Api::namespaced(kube.client.clone(), ns),
+        None => Api::all(kube.client.clone()),
+    };
+    let (memory, triggers) = (memory.clone(), triggers.clone());
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map_ok(|event| map_event(event, CachedPod::from_meta))
+        .inspect_ok(move |event| writer.apply(event))
+        .inspect_ok(move |event| {
+            own_writes(&memory.written, event, |p| {
+                (p.uid.as_deref(), p.resource_version.as_deref())
+            });
+            index_event(
+                &memory.pods_by_lease,
+                &memory.pods,
+                event,
+                CachedPod::leases,
+            );
+            if matches!(event, watcher::Event::InitDone) {
+                let _ = triggers.sweeps.try_send(());
+            }
+            for pod in touched(event) {
+                for lease in leases_of_pod(&memory, pod) {
+                    if memory.leases.get(&lease).is_none() && pod.token(&lease.name).is_some() {
+                        let _ = triggers.orphans.send(Orphan {
+                            namespace: lease.namespace.clone().unwrap_or_default(),
+                            pod: pod.name.clone(),
+                            lease: lease.name.clone(),
+                        });
+                    }
+                    if !is_listed(event) {
+                        let _ = triggers.leases.send(lease);
+                    }
+                }
+            }
+        })
+}
+
+/// Leases a pod event concerns: those it carries a token annotation of, and those whose
+/// claims name it (found by index, not by a scan of every claim).
+fn leases_of_pod(memory: &Memory, pod: &CachedPod) -> Vec<ObjectRef<FencedLease>> {
+    let (ns, name) = (pod.namespace.as_str(), pod.name.as_str());
+    let annotated = pod
+        .leases()
+        .into_iter()
+        .map(|lease| ObjectRef::new(&lease).within(ns));
+    let claimed = memory
+        .claims_by_pod
+        .get(ns, name)
+        .into_iter()
+        .filter_map(|claim| memory.claims.get(ns, &claim))
+        .filter(|c| c.spec.pod_name.as_deref() == Some(name))
+        .map(|c| ObjectRef::new(&c.spec.lease_name).within(ns));
+    annotated.chain(claimed).collect()
+}

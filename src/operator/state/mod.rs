@@ -1,0 +1,35 @@
+//! What the operator keeps in memory: caches of leases' claims and pods, indexes over them,
+//! the heartbeat clock, the wake-up timers, and the marks of its own writes. Nothing here
+//! calls the API; the watches in [`runtime`](super::runtime) fill it.
+//!
+//! - [`cache`]: objects by namespace and name; [`claim`], [`pod`]: claims and pods as cached
+//!   (compact); [`index`]: claims by lease and by pod, pods by annotated lease.
+//! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
+//!   [`wakeups`]: each lease's next reconcile at the latest.
+//! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
+//!   records waiting to be written; [`bindings`]: its fence bindings as watched;
+//!   [`swept`]: leases queued by the sweep; [`failures`]: failed reconciles in a row.
+
+pub mod bindings;
+pub mod cache;
+pub mod claim;
+pub mod failures;
+pub mod heartbeat;
+pub mod index;
+pub mod own_writes;
+pub mod pod;
+pub mod records;
+pub mod swept;
+pub mod wakeups;
+
+pub use bindings::BindingCache;
+pub use cache::{Cache, Keyed};
+pub use claim::CachedClaim;
+pub use failures::Failures;
+pub use heartbeat::Heartbeats;
+pub use index::Index;
+pub use own_writes::OwnWrites;
+pub use pod::CachedPod;
+pub use records::PendingRecords;
+pub use swept::Swept;
+pub use wakeups::Wakeups;
