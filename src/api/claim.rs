@@ -5,9 +5,14 @@
 // `type_ = ...` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
+use kube::core::Rule;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+
+use super::{MAX_LEASE_NAME_LEN, duration_from_seconds};
 
 /// A candidate's request for a lease.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -61,9 +66,7 @@ pub struct FencedLeaseClaimSpec {
         length(min = 1, max = 253),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
-    #[x_kube(validation = Rule::new("self.size() <= 63").message(
-        "leaseName is limited to 63 characters: FencedLease names become the name part of the pod annotation key token.fencing.dev/<name>"
-    ))]
+    #[x_kube(validation = lease_name_rule())]
     pub lease_name: String,
 
     /// Who is asking: a stable, human-readable identity (e.g. the pod name). Immutable.
@@ -83,6 +86,13 @@ pub struct FencedLeaseClaimSpec {
     /// expires a holder whose heartbeat it has not seen change for leaseDurationSeconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_time: Option<MicroTime>,
+}
+
+/// `leaseName` fits the name part of a token's annotation key, as the lease's name does.
+fn lease_name_rule() -> Rule {
+    Rule::new(format!("self.size() <= {MAX_LEASE_NAME_LEN}")).message(
+        format!("leaseName is limited to {MAX_LEASE_NAME_LEN} characters: FencedLease names become the name part of the pod annotation key token.fencing.dev/<name>").as_str(),
+    )
 }
 
 /// Where a claim stands.
@@ -136,4 +146,12 @@ pub struct FencedLeaseClaimStatus {
     /// generation moves with each one. Kept for clients that wrote it before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+impl FencedLeaseClaimStatus {
+    /// This claim's term (`leaseDurationSeconds`, fixed at its grant), once the operator has
+    /// set it.
+    pub fn term_duration(&self) -> Option<Duration> {
+        self.lease_duration_seconds.map(duration_from_seconds)
+    }
 }

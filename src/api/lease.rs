@@ -3,9 +3,14 @@
 // `type_ = ...` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, MicroTime};
+use kube::core::Rule;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+
+use super::{MAX_LEASE_NAME_LEN, duration_from_seconds};
 
 /// Desired behaviour of a fenced lease.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -24,9 +29,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Waiting", type_ = "integer", json_path = ".status.waiting", description = "Claims waiting for the lease"),
     printcolumn(name = "Duration", type_ = "integer", json_path = ".spec.leaseDurationSeconds", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = Rule::new("self.metadata.name.size() <= 63").message(
-        "FencedLease names are limited to 63 characters: the name becomes the name part of the holder pod's annotation key token.fencing.dev/<name>"
-    ),
+    validation = lease_name_rule(),
     validation = Rule::new(
         "!has(oldSelf.status) || !has(oldSelf.status.fencingToken) || (has(self.status) && has(self.status.fencingToken) && self.status.fencingToken >= oldSelf.status.fencingToken)"
     ).message("status.fencingToken can never be lowered or removed: a fencing token is issued at most once"),
@@ -101,12 +104,57 @@ pub struct FencedResource {
     pub resource: String,
 }
 
+/// A lease's name fits the name part of its token's annotation key.
+fn lease_name_rule() -> Rule {
+    Rule::new(format!("self.metadata.name.size() <= {MAX_LEASE_NAME_LEN}")).message(
+        format!("FencedLease names are limited to {MAX_LEASE_NAME_LEN} characters: the name becomes the name part of the holder pod's annotation key token.fencing.dev/<name>").as_str(),
+    )
+}
+
 fn default_lease_duration_seconds() -> i32 {
     15
 }
 
 fn default_true() -> bool {
     true
+}
+
+impl FencedLease {
+    /// Seconds of the term in force: the running term's (`status.leaseDurationSeconds`, fixed
+    /// at its grant) if set, else `spec.leaseDurationSeconds`.
+    pub fn term_seconds(&self) -> i32 {
+        self.status
+            .as_ref()
+            .map_or(self.spec.lease_duration_seconds, |s| {
+                s.term_seconds(&self.spec)
+            })
+    }
+
+    /// The term in force (see [`term_seconds`](Self::term_seconds)).
+    pub fn term(&self) -> Duration {
+        duration_from_seconds(self.term_seconds())
+    }
+}
+
+impl FencedLeaseSpec {
+    /// `leaseDurationSeconds`: the duration of the next term.
+    pub fn lease_duration(&self) -> Duration {
+        duration_from_seconds(self.lease_duration_seconds)
+    }
+}
+
+impl FencedLeaseStatus {
+    /// The running term's duration (`leaseDurationSeconds`, fixed at its grant), if set.
+    pub fn term_duration(&self) -> Option<Duration> {
+        self.lease_duration_seconds.map(duration_from_seconds)
+    }
+
+    /// Seconds of the term in force on a lease with this status and `spec`: this status's
+    /// `leaseDurationSeconds` if set, else the spec's.
+    pub fn term_seconds(&self, spec: &FencedLeaseSpec) -> i32 {
+        self.lease_duration_seconds
+            .unwrap_or(spec.lease_duration_seconds)
+    }
 }
 
 /// Observed state, written only by the operator. The source of truth for who holds the lease.

@@ -1,8 +1,11 @@
-//! The custom resources of group `fencing.dev`, version `v1alpha1`.
+//! The custom resources of group `fencing.dev`, version `v1alpha1` (for the `apiVersion` of
+//! an object, ask kube's `Resource` trait: `FencedLease::api_version(&())`).
 //!
 //! Validation lives in the generated schema (bounds, defaults, immutability and a CEL
 //! transition rule that keeps `status.fencingToken` from ever going down), so the apiserver
 //! enforces it for every client, not only for ours.
+
+use std::time::Duration;
 
 mod claim;
 mod crdgen;
@@ -13,11 +16,6 @@ pub use crdgen::{CrdFile, crd_files};
 pub use lease::{
     FenceSpec, FencedLease, FencedLeaseSpec, FencedLeaseStatus, FencedResource, LeaseHolder,
 };
-
-/// API group of both kinds.
-pub const GROUP: &str = "fencing.dev";
-/// API version of both kinds.
-pub const VERSION: &str = "v1alpha1";
 
 /// Prefix of the annotation that carries a lease's token on its holder's pod.
 ///
@@ -35,8 +33,15 @@ pub const LEASE_LABEL: &str = "fencing.dev/lease";
 /// lower than the lease's current token.
 pub const TOKEN_ANNOTATION: &str = "fencing.dev/token";
 
-/// Longest lease name: the name part of an annotation key is limited to 63 characters.
+/// Longest lease name: the name part of an annotation key is limited to 63 characters. The
+/// schema refuses longer names, for leases and for the claims that name them.
 pub const MAX_LEASE_NAME_LEN: usize = 63;
+
+/// A duration the API gives in whole seconds (`leaseDurationSeconds`), never less than one
+/// second.
+pub fn duration_from_seconds(seconds: i32) -> Duration {
+    Duration::from_secs(u64::try_from(seconds.max(1)).unwrap_or(1))
+}
 
 /// The pod annotation key that carries the token of lease `lease_name`.
 pub fn token_annotation_key(lease_name: &str) -> String {
@@ -54,5 +59,13 @@ mod tests {
             "token.fencing.dev/db-migrate"
         );
         assert_ne!(token_annotation_key("a"), token_annotation_key("b"));
+    }
+
+    #[test]
+    fn durations_are_whole_seconds_and_never_zero() {
+        assert_eq!(duration_from_seconds(15), Duration::from_secs(15));
+        assert_eq!(duration_from_seconds(3600), Duration::from_secs(3600));
+        assert_eq!(duration_from_seconds(0), Duration::from_secs(1));
+        assert_eq!(duration_from_seconds(-5), Duration::from_secs(1));
     }
 }

@@ -56,8 +56,7 @@ pub async fn acquire(
             lease: lease.into(),
         });
     };
-    let spec_duration =
-        Duration::from_secs(u64::try_from(found.spec.lease_duration_seconds.max(1)).unwrap_or(1));
+    let spec_duration = found.spec.lease_duration();
     if let Some(margin) = options.margin.filter(|m| *m >= spec_duration) {
         return Err(Error::InvalidMargin {
             margin,

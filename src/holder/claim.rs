@@ -9,7 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 use rand::Rng;
 
 use super::options::PodRef;
-use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimSpec};
+use crate::api::{
+    ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseStatus,
+};
 
 /// Length of the random part of a claim name.
 const SUFFIX_LEN: usize = 10;
@@ -79,11 +81,6 @@ pub(crate) fn is_final_phase_refusal(status: &kube::core::Status) -> bool {
             .contains("the claim has Expired or was Revoked")
 }
 
-/// A duration in whole seconds from the API (at least one second).
-fn seconds(s: i32) -> Duration {
-    Duration::from_secs(u64::try_from(s.max(1)).unwrap_or(1))
-}
-
 /// What a holder needs from its claim's status.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct ClaimView {
@@ -112,7 +109,7 @@ impl From<&FencedLeaseClaim> for ClaimView {
                 .iter()
                 .find(|c| c.type_ == "LeaseFound")
                 .map(|c| c.status != "False"),
-            term_duration: status.lease_duration_seconds.map(seconds),
+            term_duration: status.term_duration(),
         }
     }
 }
@@ -137,14 +134,16 @@ impl From<&FencedLease> for LeaseView {
             holder_claim: holder.map(|h| h.claim.clone()),
             holder_identity: holder.map(|h| h.identity.clone()),
             token: status.map_or(0, |s| s.fencing_token),
-            spec_duration: seconds(lease.spec.lease_duration_seconds),
-            term_duration: status.and_then(|s| s.lease_duration_seconds).map(seconds),
+            spec_duration: lease.spec.lease_duration(),
+            term_duration: status.and_then(FencedLeaseStatus::term_duration),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use kube::Resource;
+
     use super::*;
 
     #[test]
@@ -202,7 +201,7 @@ mod tests {
     #[test]
     fn claim_view_reads_phase_token_and_lease_found() {
         let claim: FencedLeaseClaim = serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "apiVersion": FencedLeaseClaim::api_version(&()), "kind": "FencedLeaseClaim",
             "metadata": {"name": "db-x"},
             "spec": {"leaseName": "db", "holderIdentity": "a"},
             "status": {"phase": "Pending", "queuePosition": 2, "conditions": [
@@ -222,7 +221,7 @@ mod tests {
     #[test]
     fn term_durations_come_from_the_claim_and_lease_status() {
         let claim: FencedLeaseClaim = serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "apiVersion": FencedLeaseClaim::api_version(&()), "kind": "FencedLeaseClaim",
             "metadata": {"name": "db-x"},
             "spec": {"leaseName": "db", "holderIdentity": "a"},
             "status": {"phase": "Granted", "fencingToken": 9, "leaseDurationSeconds": 10}
@@ -233,7 +232,7 @@ mod tests {
             Some(Duration::from_secs(10))
         );
         let lease: FencedLease = serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "apiVersion": FencedLease::api_version(&()), "kind": "FencedLease",
             "metadata": {"name": "db"},
             "spec": {"leaseDurationSeconds": 3600},
             "status": {"fencingToken": 9, "leaseDurationSeconds": 10,

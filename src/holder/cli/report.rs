@@ -82,8 +82,7 @@ impl LeaseReport {
         let term = status
             .lease_duration_seconds
             .filter(|_| status.holder.is_some());
-        let duration =
-            SignedDuration::from_secs(i64::from(term.unwrap_or(lease.spec.lease_duration_seconds)));
+        let duration = SignedDuration::from_secs(i64::from(lease.term_seconds()));
         let mine = || claims.iter().filter(|c| c.spec.lease_name == name);
         let holder = status.holder.as_ref().map(|h| {
             let renew_time = mine()
@@ -298,11 +297,13 @@ fn short(d: std::time::Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    use kube::Resource;
+
     use super::*;
 
     fn lease(status: serde_json::Value) -> FencedLease {
         serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "apiVersion": FencedLease::api_version(&()), "kind": "FencedLease",
             "metadata": {"name": "db", "namespace": "prod", "creationTimestamp": "2024-01-01T00:00:00Z"},
             "spec": {"leaseDurationSeconds": 15},
             "status": status,
@@ -312,7 +313,7 @@ mod tests {
 
     fn claim(name: &str, lease: &str, who: &str, status: serde_json::Value) -> FencedLeaseClaim {
         serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "apiVersion": FencedLeaseClaim::api_version(&()), "kind": "FencedLeaseClaim",
             "metadata": {"name": name, "namespace": "prod", "creationTimestamp": "2024-01-01T00:00:10Z"},
             "spec": {"leaseName": lease, "holderIdentity": who, "renewTime": "2024-01-01T00:01:00.000000Z"},
             "status": status,
