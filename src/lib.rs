@@ -8,9 +8,11 @@
 //! - [`operator`]: the controller that grants, expires and releases leases and issues tokens.
 //! - [`holder`]: the side that takes a lease and carries its token (library, CLI).
 //! - [`fence`]: the side that checks tokens at the protected resource.
+//! - [`backoff`]: jittered exponential backoff, for retries.
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod backoff;
 pub mod fence;
 pub mod holder;
 pub mod operator;

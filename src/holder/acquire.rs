@@ -19,6 +19,7 @@ use super::keeper::{Created, Keeper};
 use super::options::{AcquireOptions, PodRef, Timing, default_identity};
 use super::state::HoldState;
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
+use crate::backoff::Backoff;
 
 /// Waits until `lease` in `namespace` is granted to a claim of this holder, and returns the
 /// guard that keeps it. On timeout or cancellation the claim is withdrawn.
@@ -223,7 +224,8 @@ impl Budget {
         if self.once || !error.is_transient() {
             return Err(error);
         }
-        let pause = wait_pause(attempt, rand::random::<f64>())
+        let pause = WAIT_BACKOFF
+            .pause(attempt)
             .max(error.retry_after().unwrap_or_default().min(MAX_PAUSE));
         if self.give_up.is_some_and(|at| Instant::now() + pause >= at) {
             return Err(error);
@@ -267,14 +269,9 @@ impl Budget {
 /// Longest pause between retries while waiting.
 const MAX_PAUSE: Duration = Duration::from_secs(5);
 
-/// Pause before retry `attempt` (1-based) while waiting: 200 ms doubling to 5 s, with jitter
-/// (`jitter` in 0..=1) so that a fleet does not stampede a recovering apiserver.
-fn wait_pause(attempt: u32, jitter: f64) -> Duration {
-    let full = Duration::from_millis(200)
-        .saturating_mul(1 << attempt.clamp(1, 8).saturating_sub(1))
-        .min(MAX_PAUSE);
-    full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
-}
+/// Pauses between retries while waiting: 200 ms doubling to 5 s, between half and all of it
+/// by chance, so that a fleet does not stampede a recovering apiserver.
+const WAIT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), MAX_PAUSE, 0.5);
 
 /// Creating this holder's claim.
 struct ClaimRequest<'a> {
@@ -404,9 +401,9 @@ mod tests {
 
     #[test]
     fn waiting_retries_back_off_to_five_seconds_with_jitter() {
-        assert_eq!(wait_pause(1, 1.0), Duration::from_millis(200));
-        assert_eq!(wait_pause(1, 0.0), Duration::from_millis(100));
-        assert_eq!(wait_pause(3, 1.0), Duration::from_millis(800));
-        assert_eq!(wait_pause(30, 1.0), Duration::from_secs(5));
+        assert_eq!(WAIT_BACKOFF.delay(1, 1.0), Duration::from_millis(200));
+        assert_eq!(WAIT_BACKOFF.delay(1, 0.0), Duration::from_millis(100));
+        assert_eq!(WAIT_BACKOFF.delay(3, 1.0), Duration::from_millis(800));
+        assert_eq!(WAIT_BACKOFF.delay(30, 1.0), Duration::from_secs(5));
     }
 }

@@ -19,6 +19,7 @@ use super::error::{Error, report};
 use super::guard::LeaseHandle;
 use super::options::{AcquireOptions, default_identity};
 use crate::api::FencedLease;
+use crate::backoff::Backoff;
 
 /// Options of [`elect`]. Build them with the methods below.
 #[derive(Clone, Debug, Default)]
@@ -135,7 +136,7 @@ where
             ) => return Err(error),
             Err(error) => {
                 failures += 1;
-                let pause = retry_pause(failures, rand::random::<f64>());
+                let pause = CAMPAIGN_BACKOFF.pause(failures);
                 tracing::warn!(lease, error = %report(&error), ?pause, "candidacy failed; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => continue,
@@ -183,7 +184,7 @@ where
                         tracing::error!(lease, %error, "leading failed; stepped down, campaigning again")
                     }
                 }
-                let pause = retry_pause(1, rand::random::<f64>());
+                let pause = CAMPAIGN_BACKOFF.pause(1);
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = shutdown.cancelled() => return Ok(()),
@@ -234,13 +235,10 @@ async fn follow_leader(
     }
 }
 
-/// Pause before candidacy retry `attempt`: 1 s doubling to 30 s, with jitter (`jitter` in
-/// 0..=1) so that a fleet does not stampede a recovering apiserver.
-fn retry_pause(attempt: u32, jitter: f64) -> Duration {
-    let base = Duration::from_secs(1).saturating_mul(1 << attempt.clamp(1, 6).saturating_sub(1));
-    base.min(Duration::from_secs(30))
-        .mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
-}
+/// Pauses between candidacies after a failure or a step-down: 1 s doubling to 30 s, between
+/// half and all of it by chance, so that a fleet does not stampede a recovering apiserver.
+const CAMPAIGN_BACKOFF: Backoff =
+    Backoff::new(Duration::from_secs(1), Duration::from_secs(30), 0.5);
 
 #[cfg(test)]
 mod tests {
@@ -248,9 +246,9 @@ mod tests {
 
     #[test]
     fn candidacy_retries_back_off_to_half_a_minute() {
-        assert_eq!(retry_pause(1, 1.0), Duration::from_secs(1));
-        assert_eq!(retry_pause(2, 1.0), Duration::from_secs(2));
-        assert_eq!(retry_pause(10, 1.0), Duration::from_secs(30));
-        assert_eq!(retry_pause(10, 0.0), Duration::from_secs(15));
+        assert_eq!(CAMPAIGN_BACKOFF.delay(1, 1.0), Duration::from_secs(1));
+        assert_eq!(CAMPAIGN_BACKOFF.delay(2, 1.0), Duration::from_secs(2));
+        assert_eq!(CAMPAIGN_BACKOFF.delay(10, 1.0), Duration::from_secs(30));
+        assert_eq!(CAMPAIGN_BACKOFF.delay(10, 0.0), Duration::from_secs(15));
     }
 }

@@ -391,7 +391,12 @@ async fn final_reason(api: &Api<FencedLeaseClaim>, claim: &str, timing: Timing) 
 }
 
 /// How watches come back after the API went away: quickly (a holder's deadline is short),
-/// 200 ms doubling to 3 s, jittered so that many holders do not reconnect in step.
+/// 200 ms doubling to 3 s, between half and all of it by chance, so that many holders do not
+/// reconnect in step.
+const RECONNECT: crate::backoff::Backoff =
+    crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(3), 0.5);
+
+/// [`RECONNECT`] counting the failures since the watch last worked.
 #[derive(Debug, Default)]
 struct WatchBackoff {
     failures: u32,
@@ -402,10 +407,7 @@ impl Iterator for WatchBackoff {
 
     fn next(&mut self) -> Option<Duration> {
         self.failures = self.failures.saturating_add(1);
-        let full = Duration::from_millis(200)
-            .saturating_mul(1 << self.failures.clamp(1, 5).saturating_sub(1))
-            .min(Duration::from_secs(3));
-        Some(full.mul_f64(0.5 + 0.5 * rand::random::<f64>()))
+        Some(RECONNECT.pause(self.failures))
     }
 }
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
+
 /// Options of [`acquire`](super::acquire). Build them with the methods below.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
@@ -211,15 +213,12 @@ impl Timing {
         (duration / 10).clamp(Duration::from_millis(100), Duration::from_secs(2))
     }
 
-    /// Pause before retry number `attempt` (1-based) of a failed heartbeat: exponential from
-    /// 100 ms, at most a fifth of the renew period, with jitter (`jitter` in 0..=1) so that
-    /// many holders do not retry in step.
+    /// Pause before retry number `attempt` (1-based) of a failed heartbeat: 100 ms doubling
+    /// at most nine times, to at most a fifth of the renew period, with jitter (`jitter` in
+    /// 0..=1: 0 takes off half, 1 nothing) so that many holders do not retry in step.
     pub fn retry_after(&self, attempt: u32, jitter: f64) -> Duration {
         let cap = (self.renew_every / 5).max(Duration::from_millis(20));
-        let exp =
-            Duration::from_millis(100).saturating_mul(1 << attempt.clamp(1, 10).saturating_sub(1));
-        let full = exp.min(cap);
-        full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+        Backoff::new(Duration::from_millis(100), cap, 0.5).delay(attempt.min(10), jitter)
     }
 }
 
@@ -325,5 +324,9 @@ mod tests {
         assert_eq!(t.retry_after(30, 1.0), Duration::from_secs(1));
         let short = Timing::new(Duration::from_secs(1), None);
         assert!(short.retry_after(5, 1.0) <= short.renew_every / 5);
+        // Nine doublings at most, however long the renew period.
+        let long = Timing::new(Duration::from_secs(3600), None);
+        assert_eq!(long.retry_after(10, 1.0), Duration::from_millis(51_200));
+        assert_eq!(long.retry_after(30, 1.0), Duration::from_millis(51_200));
     }
 }
