@@ -35,35 +35,11 @@ pub async fn acquire(
     lease: &str,
     options: AcquireOptions,
 ) -> Result<LeaseGuard, Error> {
-    let budget = Budget {
-        lease: lease.into(),
-        started: Instant::now(),
-        give_up: options.wait.map(|w| Instant::now() + w),
-        once: options.wait == Some(Duration::ZERO),
-        cancel: options.cancel.clone().unwrap_or_default(),
-    };
+    let budget = Budget::new(lease, &options);
     let identity = options.identity.clone().unwrap_or_else(default_identity);
     let pod = options.pod.clone().or_else(|| PodRef::from_env(namespace));
-
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
-    // Before the lease is read, pace requests for the shortest lease there can be.
-    let read_timeout = options.request_timeout.unwrap_or(Duration::from_secs(10));
-    let found = budget
-        .retry("get FencedLease", read_timeout, || leases.get_opt(lease))
-        .await?;
-    let Some(found) = found else {
-        return Err(Error::LeaseNotFound {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        });
-    };
-    let spec_duration = found.spec.lease_duration();
-    if let Some(margin) = options.margin.filter(|m| *m >= spec_duration) {
-        return Err(Error::InvalidMargin {
-            margin,
-            duration: spec_duration,
-        });
-    }
+    let spec_duration = lease_duration(&leases, namespace, &options, &budget).await?;
     let timing =
         Timing::new(spec_duration, options.margin).with_call_timeout(options.request_timeout);
 
@@ -93,69 +69,119 @@ pub async fn acquire(
         // Never give up before the operator has answered the claim once (or one request
         // timeout has passed): that is what makes a zero wait "take it if it is free".
         let answer_by = Instant::now() + timing.call_timeout;
-        let mut rx = keeper.shared.subscribe();
-        loop {
-            let (state, answered) = {
-                let t = rx.borrow_and_update();
-                (t.state.clone(), t.answered())
-            };
-            match state {
-                HoldState::Holding { token } => {
-                    tracing::info!(lease, claim = %keeper.shared.claim, token, waited_ms = budget.started.elapsed().as_millis(), "lease granted");
-                    return Ok(LeaseGuard::new(keeper));
-                }
-                // Expired while queued, or granted and replaced while its heartbeats could not
-                // get through: queue again.
-                HoldState::Lost {
-                    reason,
-                    token: None,
-                } if reason.is_stall() || matches!(reason, LostReason::Superseded { .. }) => {
-                    tracing::warn!(lease, claim = %keeper.shared.claim, %reason, "queued claim is over; queueing a fresh one");
-                    discard(keeper, reason).await;
-                    if budget.over() {
-                        return Err(budget.timed_out());
-                    }
-                    break;
-                }
-                HoldState::Lost { reason, token } => {
-                    discard(keeper, reason.clone()).await;
-                    return Err(match reason {
-                        LostReason::LeaseDeleted => Error::LeaseNotFound {
-                            namespace: namespace.into(),
-                            lease: lease.into(),
-                        },
-                        LostReason::Forbidden(message) => Error::Forbidden {
-                            what: "renew FencedLeaseClaim".into(),
-                            source: message.into(),
-                        },
-                        LostReason::MarginTooLarge { term, margin } => Error::InvalidMargin {
-                            margin,
-                            duration: term,
-                        },
-                        reason => Error::Lost {
-                            lease: lease.into(),
-                            token,
-                            reason,
-                        },
-                    });
-                }
-                HoldState::Waiting { .. } => {}
+        if let Some(guard) = await_grant(keeper, &budget, answer_by).await? {
+            return Ok(guard);
+        }
+    }
+}
+
+/// Reads the lease, which must exist, and returns its `spec.leaseDurationSeconds`, once the
+/// margin asked for is known to be shorter.
+async fn lease_duration(
+    leases: &Api<FencedLease>,
+    namespace: &str,
+    options: &AcquireOptions,
+    budget: &Budget,
+) -> Result<Duration, Error> {
+    let lease = budget.lease.as_str();
+    // Before the lease is read, pace requests for the shortest lease there can be.
+    let read_timeout = options.request_timeout.unwrap_or(Duration::from_secs(10));
+    let found = budget
+        .retry("get FencedLease", read_timeout, || leases.get_opt(lease))
+        .await?;
+    let Some(found) = found else {
+        return Err(Error::LeaseNotFound {
+            namespace: namespace.into(),
+            lease: lease.into(),
+        });
+    };
+    let spec_duration = found.spec.lease_duration();
+    if let Some(margin) = options.margin.filter(|m| *m >= spec_duration) {
+        return Err(Error::InvalidMargin {
+            margin,
+            duration: spec_duration,
+        });
+    }
+    Ok(spec_duration)
+}
+
+/// Follows a queued claim until it is granted (`Some`), or is over in a way a fresh claim
+/// may mend (`None`: queue again), or the wait ends (`Err`). A claim not granted is
+/// withdrawn. The wait never ends before `answer_by` unless the operator has answered.
+async fn await_grant(
+    keeper: Keeper,
+    budget: &Budget,
+    answer_by: Instant,
+) -> Result<Option<LeaseGuard>, Error> {
+    let lease = budget.lease.as_str();
+    let shared = keeper.shared.clone();
+    let mut rx = shared.subscribe();
+    loop {
+        let (state, answered) = {
+            let t = rx.borrow_and_update();
+            (t.state.clone(), t.answered())
+        };
+        match state {
+            HoldState::Holding { token } => {
+                tracing::info!(lease, claim = %shared.claim, token, waited_ms = budget.started.elapsed().as_millis(), "lease granted");
+                return Ok(Some(LeaseGuard::new(keeper)));
             }
-            let give_up = budget
-                .give_up
-                .map(|at| if answered { at } else { at.max(answer_by) });
-            tokio::select! {
-                _ = rx.changed() => {}
-                _ = sleep_until(give_up) => {
-                    discard(keeper, LostReason::Released).await;
+            // Expired while queued, or granted and replaced while its heartbeats could not
+            // get through: queue again.
+            HoldState::Lost {
+                reason,
+                token: None,
+            } if reason.is_stall() || matches!(reason, LostReason::Superseded { .. }) => {
+                tracing::warn!(lease, claim = %shared.claim, %reason, "queued claim is over; queueing a fresh one");
+                discard(keeper, reason).await;
+                if budget.over() {
                     return Err(budget.timed_out());
                 }
-                _ = budget.cancel.cancelled() => {
-                    discard(keeper, LostReason::Released).await;
-                    return Err(budget.cancelled());
-                }
+                return Ok(None);
+            }
+            HoldState::Lost { reason, token } => {
+                discard(keeper, reason.clone()).await;
+                return Err(lost_error(&shared.namespace, lease, reason, token));
+            }
+            HoldState::Waiting { .. } => {}
+        }
+        let give_up = budget
+            .give_up
+            .map(|at| if answered { at } else { at.max(answer_by) });
+        tokio::select! {
+            _ = rx.changed() => {}
+            _ = sleep_until(give_up) => {
+                discard(keeper, LostReason::Released).await;
+                return Err(budget.timed_out());
+            }
+            _ = budget.cancel.cancelled() => {
+                discard(keeper, LostReason::Released).await;
+                return Err(budget.cancelled());
             }
         }
+    }
+}
+
+/// The error `acquire` returns for a claim that is over for `reason` before it was held.
+fn lost_error(namespace: &str, lease: &str, reason: LostReason, token: Option<i64>) -> Error {
+    match reason {
+        LostReason::LeaseDeleted => Error::LeaseNotFound {
+            namespace: namespace.into(),
+            lease: lease.into(),
+        },
+        LostReason::Forbidden(message) => Error::Forbidden {
+            what: "renew FencedLeaseClaim".into(),
+            source: message.into(),
+        },
+        LostReason::MarginTooLarge { term, margin } => Error::InvalidMargin {
+            margin,
+            duration: term,
+        },
+        reason => Error::Lost {
+            lease: lease.into(),
+            token,
+            reason,
+        },
     }
 }
 
@@ -185,6 +211,17 @@ struct Budget {
 }
 
 impl Budget {
+    /// The budget `options` give a wait for `lease`, starting now.
+    fn new(lease: &str, options: &AcquireOptions) -> Self {
+        Budget {
+            lease: lease.into(),
+            started: Instant::now(),
+            give_up: options.wait.map(|w| Instant::now() + w),
+            once: options.wait == Some(Duration::ZERO),
+            cancel: options.cancel.clone().unwrap_or_default(),
+        }
+    }
+
     fn timed_out(&self) -> Error {
         Error::Timeout {
             lease: self.lease.clone(),

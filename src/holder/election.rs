@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::acquire::acquire;
 use super::error::{Error, report};
-use super::guard::LeaseHandle;
+use super::guard::{LeaseGuard, LeaseHandle};
 use super::options::{AcquireOptions, default_identity};
 use crate::api::FencedLease;
 use crate::backoff::Backoff;
@@ -104,28 +104,17 @@ where
         .identity
         .clone()
         .unwrap_or_else(default_identity);
-    let leadership = options.leadership.clone();
-    let report_to = |change: &dyn Fn(&mut Leadership) -> bool| {
-        if let Some(tx) = &leadership {
-            tx.send_if_modified(|l| change(l));
-        }
-    };
     // Follows the lease's holder for "the leader is now X", as long as the election runs.
     let follow = shutdown.child_token();
     let _stop_following = follow.clone().drop_guard();
-    if let Some(tx) = leadership.clone() {
+    if let Some(tx) = options.leadership.clone() {
         let api: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
         tokio::spawn(follow_leader(api, lease.to_string(), tx, follow));
     }
 
     let mut failures = 0u32;
     loop {
-        let mut candidacy = options
-            .acquire
-            .clone()
-            .identity(identity.clone())
-            .cancel(shutdown.clone());
-        candidacy.wait = None;
+        let candidacy = candidacy(&options, &identity);
         let guard = match acquire(client.clone(), namespace, lease, candidacy).await {
             Ok(guard) => guard,
             Err(Error::Cancelled { .. }) => return Ok(()),
@@ -138,38 +127,20 @@ where
                 failures += 1;
                 let pause = CAMPAIGN_BACKOFF.pause(failures);
                 tracing::warn!(lease, error = %report(&error), ?pause, "candidacy failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = shutdown.cancelled() => return Ok(()),
+                if !sleep_unless_shut_down(pause, &shutdown).await {
+                    return Ok(());
                 }
+                continue;
             }
         };
         failures = 0;
-        let handle = guard.handle();
-        let token = handle.granted_token();
-        tracing::info!(lease, claim = handle.claim(), identity = %identity, token = ?token, "started leading");
-        report_to(&|l| {
-            let now = Leadership {
-                leader: Some(identity.clone()),
-                leading: token,
-            };
-            std::mem::replace(l, now.clone()) != now
-        });
-        let ended = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => Term::Shutdown,
-            reason = handle.lost() => Term::Lost(reason.to_string()),
-            result = lead(handle.clone()) => match handle.token() {
-                // `lead` ended because it saw the lease go: a loss, not a step-down.
-                Err(error) => Term::Lost(error.to_string()),
-                Ok(_) => Term::SteppedDown(result.err().map(|e| e.to_string())),
-            },
+        let candidate = Candidate {
+            lease,
+            identity: &identity,
+            shutdown: &shutdown,
+            leadership: options.leadership.as_ref(),
         };
-        if let Err(error) = guard.release().await {
-            tracing::warn!(lease, error = %report(&error), "could not delete claim; it expires instead");
-        }
-        report_to(&|l| std::mem::take(&mut l.leading).is_some());
-        match ended {
+        match candidate.serve(guard, &mut lead).await {
             Term::Shutdown => {
                 tracing::info!(lease, "stopped leading: shutting down");
                 return Ok(());
@@ -184,12 +155,83 @@ where
                         tracing::error!(lease, %error, "leading failed; stepped down, campaigning again")
                     }
                 }
-                let pause = CAMPAIGN_BACKOFF.pause(1);
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = shutdown.cancelled() => return Ok(()),
+                if !sleep_unless_shut_down(CAMPAIGN_BACKOFF.pause(1), &shutdown).await {
+                    return Ok(());
                 }
             }
+        }
+    }
+}
+
+/// The options of one candidacy: waits until granted or shut down.
+fn candidacy(options: &ElectOptions, identity: &str) -> AcquireOptions {
+    let mut candidacy = options
+        .acquire
+        .clone()
+        .identity(identity)
+        .cancel(options.shutdown.clone());
+    candidacy.wait = None;
+    candidacy
+}
+
+/// Sleeps for `pause`; `false` if the election is shut down first.
+async fn sleep_unless_shut_down(pause: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(pause) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
+/// This candidate, as it leads one term.
+struct Candidate<'a> {
+    lease: &'a str,
+    identity: &'a str,
+    shutdown: &'a CancellationToken,
+    leadership: Option<&'a watch::Sender<Leadership>>,
+}
+
+impl Candidate<'_> {
+    /// Leads while `guard` holds the lease: runs `lead` until it ends, the lease is lost or
+    /// the election shuts down, then releases the lease.
+    async fn serve<F, Fut, E>(&self, guard: LeaseGuard, lead: &mut F) -> Term
+    where
+        F: FnMut(LeaseHandle) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: Display,
+    {
+        let lease = self.lease;
+        let handle = guard.handle();
+        let token = handle.granted_token();
+        tracing::info!(lease, claim = handle.claim(), identity = %self.identity, token = ?token, "started leading");
+        self.report(|l| {
+            let now = Leadership {
+                leader: Some(self.identity.to_string()),
+                leading: token,
+            };
+            std::mem::replace(l, now.clone()) != now
+        });
+        let ended = tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => Term::Shutdown,
+            reason = handle.lost() => Term::Lost(reason.to_string()),
+            result = lead(handle.clone()) => match handle.token() {
+                // `lead` ended because it saw the lease go: a loss, not a step-down.
+                Err(error) => Term::Lost(error.to_string()),
+                Ok(_) => Term::SteppedDown(result.err().map(|e| e.to_string())),
+            },
+        };
+        if let Err(error) = guard.release().await {
+            tracing::warn!(lease, error = %report(&error), "could not delete claim; it expires instead");
+        }
+        self.report(|l| std::mem::take(&mut l.leading).is_some());
+        ended
+    }
+
+    /// Applies `change` to the leadership reported, if reported; wakes the receivers when it
+    /// says it changed something.
+    fn report(&self, change: impl FnOnce(&mut Leadership) -> bool) {
+        if let Some(tx) = self.leadership {
+            tx.send_if_modified(change);
         }
     }
 }
