@@ -4,13 +4,15 @@ use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
+use nix::sys::signal::Signal;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use super::report::{self, LeaseReport};
 use super::signals::{Signals, is_terminating, stop_self};
 use super::{AcquireFormat, Failure, HolderArgs, NameFormat, ReportFormat, exit, failure};
 use crate::api::{FencedLease, FencedLeaseClaim};
-use crate::holder::{AcquireOptions, Error, acquire};
+use crate::holder::{AcquireOptions, Error, LeaseGuard, acquire};
 
 /// Default per-call timeout of the CLI's own reads and deletes.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
@@ -144,7 +146,7 @@ pub(super) async fn list(
     Ok(exit::OK)
 }
 
-pub(super) fn acquire_options(holder: &HolderArgs, timeout: Option<Duration>) -> AcquireOptions {
+fn acquire_options(holder: &HolderArgs, timeout: Option<Duration>) -> AcquireOptions {
     let mut options = AcquireOptions::default();
     if let Some(identity) = &holder.identity {
         options = options.identity(identity.clone());
@@ -158,6 +160,46 @@ pub(super) fn acquire_options(holder: &HolderArgs, timeout: Option<Duration>) ->
     options
 }
 
+/// How a wait for the lease ended.
+pub(super) enum Waited {
+    /// Granted: the guard that holds the lease.
+    Granted(Box<LeaseGuard>),
+    /// A terminating signal ended it (the claim withdrawn): exit with this code, 128 + N.
+    Signalled(u8),
+}
+
+/// Waits for `lease` as `holder` asks while listening to `signals`: a terminating signal
+/// withdraws the claim and ends the wait; Ctrl-Z stops this process meanwhile.
+pub(super) async fn acquire_or_signal(
+    client: Client,
+    namespace: &str,
+    lease: &str,
+    holder: &HolderArgs,
+    timeout: Option<Duration>,
+    signals: &mut Signals,
+) -> Result<Waited, Failure> {
+    let cancel = CancellationToken::new();
+    let options = acquire_options(holder, timeout).cancel(cancel.clone());
+    let waiting = acquire(client, namespace, lease, options);
+    let mut waiting = std::pin::pin!(waiting);
+    loop {
+        tokio::select! {
+            result = &mut waiting => return Ok(Waited::Granted(Box::new(result?))),
+            sig = signals.recv() => {
+                if is_terminating(sig) {
+                    cancel.cancel();
+                    // Let acquire withdraw its claim before ending.
+                    let _ = waiting.await;
+                    return Ok(Waited::Signalled(exit::for_signal(sig)));
+                }
+                if sig == Signal::SIGTSTP {
+                    stop_self();
+                }
+            }
+        }
+    }
+}
+
 pub(super) async fn acquire_and_leave(
     client: Client,
     namespace: &str,
@@ -167,27 +209,11 @@ pub(super) async fn acquire_and_leave(
     timeout: Option<Duration>,
 ) -> Result<u8, Failure> {
     let mut signals = Signals::new();
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let options = acquire_options(holder, timeout).cancel(cancel.clone());
-    let guard = {
-        let waiting = acquire(client, namespace, lease, options);
-        let mut waiting = std::pin::pin!(waiting);
-        loop {
-            tokio::select! {
-                result = &mut waiting => break result?,
-                sig = signals.recv() => {
-                    if is_terminating(sig) {
-                        cancel.cancel();
-                        let _ = waiting.await;
-                        return Ok(exit::for_signal(sig));
-                    }
-                    if sig == nix::sys::signal::Signal::SIGTSTP {
-                        stop_self();
-                    }
-                }
-            }
-        }
-    };
+    let guard =
+        match acquire_or_signal(client, namespace, lease, holder, timeout, &mut signals).await? {
+            Waited::Granted(guard) => *guard,
+            Waited::Signalled(code) => return Ok(code),
+        };
     let claim = guard.detach();
     match output {
         None => println!("{}", claim.token.map_or("-".into(), |t| t.to_string())),
@@ -222,7 +248,64 @@ pub(super) async fn release(
     timeout: Option<Duration>,
 ) -> Result<u8, Failure> {
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
-    let targets: Vec<FencedLeaseClaim> = match &which {
+    let targets = to_release(&claims, namespace, lease, &which, timeout).await?;
+    // With --all, a claim the apiserver will not let this user (or pod) release — a sibling
+    // pod's, under the claim-ownership policy — is reported and the others are still released.
+    let mut refused = 0;
+    for c in targets {
+        let name = c.name_any();
+        // Delete exactly the claim that was read (a new claim of the same name is another).
+        let params = DeleteParams {
+            preconditions: c.uid().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match read(
+            "delete FencedLeaseClaim",
+            timeout,
+            claims.delete(&name, &params),
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(f) if f.message.contains("not found") => continue,
+            Err(f) if f.code == exit::FORBIDDEN && matches!(which, Which::All { .. }) => {
+                eprintln!("claim {name} not released: {}", f.message);
+                refused += 1;
+                continue;
+            }
+            Err(f) => return Err(f),
+        }
+        let token = c.status.as_ref().and_then(|s| s.fencing_token);
+        match (output, token) {
+            (Some(NameFormat::Name), _) => println!("{CLAIM_NAME_PREFIX}{name}"),
+            (None, Some(t)) => println!("released claim {name} (token {t})"),
+            (None, None) => println!("withdrew claim {name}"),
+        }
+    }
+    match refused {
+        0 => Ok(exit::OK),
+        n => Err(Failure {
+            code: exit::FORBIDDEN,
+            message: format!(
+                "{n} claim(s) on {lease} not released: the apiserver refused (another pod's or user's claim, see above)"
+            ),
+        }),
+    }
+}
+
+/// The claims on `lease` that `release` deletes, as read now; a claim named that does not
+/// exist is reported and skipped.
+async fn to_release(
+    claims: &Api<FencedLeaseClaim>,
+    namespace: &str,
+    lease: &str,
+    which: &Which,
+    timeout: Option<Duration>,
+) -> Result<Vec<FencedLeaseClaim>, Failure> {
+    Ok(match which {
         Which::Claims(names) => {
             let mut found = Vec::new();
             for name in names {
@@ -269,50 +352,5 @@ pub(super) async fn release(
             }
             found
         }
-    };
-    // With --all, a claim the apiserver will not let this user (or pod) release — a sibling
-    // pod's, under the claim-ownership policy — is reported and the others are still released.
-    let mut refused = 0;
-    for c in targets {
-        let name = c.name_any();
-        // Delete exactly the claim that was read (a new claim of the same name is another).
-        let params = DeleteParams {
-            preconditions: c.uid().map(|uid| kube::api::Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match read(
-            "delete FencedLeaseClaim",
-            timeout,
-            claims.delete(&name, &params),
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(f) if f.message.contains("not found") => continue,
-            Err(f) if f.code == exit::FORBIDDEN && matches!(which, Which::All { .. }) => {
-                eprintln!("claim {name} not released: {}", f.message);
-                refused += 1;
-                continue;
-            }
-            Err(f) => return Err(f),
-        }
-        let token = c.status.as_ref().and_then(|s| s.fencing_token);
-        match (output, token) {
-            (Some(NameFormat::Name), _) => println!("{CLAIM_NAME_PREFIX}{name}"),
-            (None, Some(t)) => println!("released claim {name} (token {t})"),
-            (None, None) => println!("withdrew claim {name}"),
-        }
-    }
-    match refused {
-        0 => Ok(exit::OK),
-        n => Err(Failure {
-            code: exit::FORBIDDEN,
-            message: format!(
-                "{n} claim(s) on {lease} not released: the apiserver refused (another pod's or user's claim, see above)"
-            ),
-        }),
-    }
+    })
 }

@@ -19,7 +19,7 @@ pub mod report;
 mod run;
 mod signals;
 
-use commands::{acquire_and_leave, acquire_options, list, release, status};
+use commands::{acquire_and_leave, list, release, status};
 
 /// The exit-code table shown by `--help` (a macro, so that it can be `concat!`ed).
 macro_rules! exit_codes {

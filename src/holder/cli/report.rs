@@ -325,8 +325,8 @@ mod tests {
         "2024-01-01T00:01:05Z".parse().unwrap()
     }
 
-    #[test]
-    fn status_shows_holder_token_expiry_and_the_queue_in_order() {
+    /// `db`, held by worker-1 with token 7, two waiting; an expired claim and another lease's.
+    fn held_with_a_queue() -> LeaseReport {
         let lease = lease(serde_json::json!({
             "fencingToken": 7,
             "holder": {"claim": "db-a", "claimUid": "u", "identity": "worker-1", "podName": "worker-1"},
@@ -364,7 +364,12 @@ mod tests {
                 serde_json::json!({"phase": "Pending"}),
             ),
         ];
-        let report = LeaseReport::new(&lease, &claims);
+        LeaseReport::new(&lease, &claims)
+    }
+
+    #[test]
+    fn status_shows_holder_token_expiry_and_the_queue_in_order() {
+        let report = held_with_a_queue();
         assert_eq!(report.token, 7);
         let holder = report.holder.clone().unwrap();
         assert_eq!(holder.identity, "worker-1");
@@ -387,7 +392,11 @@ mod tests {
         let wide = report.detail(now(), true);
         assert!(wide.contains("HEARTBEAT"), "{wide}");
         assert!(wide.contains("5s ago"), "{wide}");
+    }
 
+    #[test]
+    fn list_shows_one_line_per_lease_with_the_columns_asked_for() {
+        let report = held_with_a_queue();
         let listed = list_table(std::slice::from_ref(&report), now(), Columns::default());
         let lines: Vec<_> = listed.lines().collect();
         assert_eq!(

@@ -18,12 +18,12 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::child;
-use super::signals::{Signals, is_terminating, stop_self};
-use super::{Failure, HolderArgs, acquire_options, exit};
-use crate::holder::{LeaseGuard, LostReason, acquire, report};
+use super::commands::{Waited, acquire_or_signal};
+use super::signals::{Signals, stop_self};
+use super::{Failure, HolderArgs, exit};
+use crate::holder::{LeaseGuard, LostReason, report};
 
 /// How often the group is looked at even without SIGCHLD (signals coalesce).
 const POLL: Duration = Duration::from_millis(250);
@@ -56,103 +56,46 @@ pub async fn run(
         .map_err(|e| super::failure(format!("cannot listen to SIGCHLD: {e}")))?;
     child::become_subreaper();
 
-    let cancel = CancellationToken::new();
-    let options = acquire_options(holder, request_timeout).cancel(cancel.clone());
-    let guard = {
-        let waiting = acquire(client, namespace, lease, options);
-        let mut waiting = std::pin::pin!(waiting);
-        loop {
-            tokio::select! {
-                result = &mut waiting => break result?,
-                sig = signals.recv() => {
-                    if is_terminating(sig) {
-                        cancel.cancel();
-                        // Let acquire withdraw its claim before ending.
-                        let _ = waiting.await;
-                        return Ok(exit::for_signal(sig));
-                    }
-                    if sig == Signal::SIGTSTP {
-                        stop_self();
-                    }
-                }
-            }
-        }
+    let guard = match acquire_or_signal(
+        client,
+        namespace,
+        lease,
+        holder,
+        request_timeout,
+        &mut signals,
+    )
+    .await?
+    {
+        Waited::Granted(guard) => *guard,
+        Waited::Signalled(code) => return Ok(code),
     };
     let token = guard.token()?;
-    let take_tty = child::owns_terminal();
-    let env = [
-        ("FENCE_TOKEN", token.to_string()),
-        ("FENCE_LEASE", lease.to_string()),
-        ("FENCE_HOLDER", guard.identity().to_string()),
-        ("FENCE_CLAIM", guard.claim().to_string()),
-        ("FENCE_NAMESPACE", namespace.to_string()),
-    ];
-    let group = match child::spawn(program, args, &env, take_tty) {
-        Ok(pid) => pid,
+    let mut cmd = match Cmd::start(program, args, &guard, token) {
+        Ok(cmd) => cmd,
         Err(e) => {
             eprintln!("kubectl fence: cannot run {program}: {e}");
             release(guard).await;
             return Ok(exit::for_spawn_error(&e));
         }
     };
-    if take_tty {
-        child::give_terminal(group);
-    }
-    tracing::info!(
-        lease,
-        token,
-        claim = guard.claim(),
-        pid = group.as_raw(),
-        tty = take_tty,
-        "running command while holding the lease"
-    );
-
-    let mut cmd = Cmd {
-        group,
-        tty: take_tty,
-        status: None,
-    };
-    let mut told = false;
-    let ending = loop {
-        tokio::select! {
-            biased;
-            _ = sigchld.recv() => cmd.reap(),
-            reason = guard.lost() => break Ending::Lost(reason),
-            sig = signals.recv() => cmd.pass_on(sig),
-            _ = tokio::time::sleep(POLL) => cmd.reap(),
-        }
-        let Some(code) = cmd.status else { continue };
-        if !child::group_alive(group) {
-            break Ending::Done(code);
-        }
-        if leftovers.kill {
-            break Ending::Leftovers(code);
-        }
-        if !told {
-            told = true;
-            eprintln!(
-                "kubectl fence: {program} exited; holding {lease} until the processes it left in its group end (--kill-group to stop them instead)"
-            );
-        }
-    };
-    match ending {
-        Ending::Done(code) => {
-            release(guard).await;
-            Ok(code)
-        }
+    let ending = cmd
+        .hold(&guard, &mut signals, &mut sigchld, leftovers, program)
+        .await;
+    let code = match ending {
+        Ending::Done(code) => code,
         Ending::Leftovers(code) => {
             tracing::info!(lease, "stopping what the command left in its process group");
             cmd.stop(grace).await;
-            release(guard).await;
-            Ok(code)
+            code
         }
         Ending::Lost(reason) => {
             eprintln!("kubectl fence: lost {lease} (token {token}): {reason}; stopping {program}");
             cmd.stop(grace).await;
-            release(guard).await;
-            Ok(exit::for_loss(&reason))
+            exit::for_loss(&reason)
         }
-    }
+    };
+    release(guard).await;
+    Ok(code)
 }
 
 /// How a run ends.
@@ -176,6 +119,78 @@ struct Cmd {
 }
 
 impl Cmd {
+    /// Starts CMD (`program` with `args`) in a group of its own, with the lease `guard` holds
+    /// and `token` in its environment, and the terminal when this process has it.
+    fn start(
+        program: &str,
+        args: &[String],
+        guard: &LeaseGuard,
+        token: i64,
+    ) -> std::io::Result<Cmd> {
+        let lease = guard.lease();
+        let take_tty = child::owns_terminal();
+        let env = [
+            ("FENCE_TOKEN", token.to_string()),
+            ("FENCE_LEASE", lease.to_string()),
+            ("FENCE_HOLDER", guard.identity().to_string()),
+            ("FENCE_CLAIM", guard.claim().to_string()),
+            ("FENCE_NAMESPACE", guard.namespace().to_string()),
+        ];
+        let group = child::spawn(program, args, &env, take_tty)?;
+        if take_tty {
+            child::give_terminal(group);
+        }
+        tracing::info!(
+            lease,
+            token,
+            claim = guard.claim(),
+            pid = group.as_raw(),
+            tty = take_tty,
+            "running command while holding the lease"
+        );
+        Ok(Cmd {
+            group,
+            tty: take_tty,
+            status: None,
+        })
+    }
+
+    /// Holds the lease while CMD's group runs: reaps, passes signals on, and says how the run
+    /// ends (`program` is CMD's name, for the messages).
+    async fn hold(
+        &mut self,
+        guard: &LeaseGuard,
+        signals: &mut Signals,
+        sigchld: &mut tokio::signal::unix::Signal,
+        leftovers: Leftovers,
+        program: &str,
+    ) -> Ending {
+        let mut told = false;
+        loop {
+            tokio::select! {
+                biased;
+                _ = sigchld.recv() => self.reap(),
+                reason = guard.lost() => return Ending::Lost(reason),
+                sig = signals.recv() => self.pass_on(sig),
+                _ = tokio::time::sleep(POLL) => self.reap(),
+            }
+            let Some(code) = self.status else { continue };
+            if !child::group_alive(self.group) {
+                return Ending::Done(code);
+            }
+            if leftovers.kill {
+                return Ending::Leftovers(code);
+            }
+            if !told {
+                told = true;
+                eprintln!(
+                    "kubectl fence: {program} exited; holding {} until the processes it left in its group end (--kill-group to stop them instead)",
+                    guard.lease()
+                );
+            }
+        }
+    }
+
     /// Reaps what ended in the group; follows CMD's own exit and stops.
     fn reap(&mut self) {
         for status in child::reap(self.group) {
