@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use fenced_lease::operator::metrics::Metrics;
 use fenced_lease::operator::runtime::http::{self, Health};
-use fenced_lease::operator::runtime::leader::Election;
+use fenced_lease::operator::runtime::leader::{Election, Leadership};
 use fenced_lease::operator::runtime::run::{self, Settings};
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
@@ -178,6 +178,38 @@ fn tune_malloc() {
     }
 }
 
+/// Waits until this replica leads (`None`: stopped first). Standbys are ready meanwhile: they
+/// serve health and wait; only the leader's caches matter.
+async fn lead(
+    args: &Args,
+    client: &Client,
+    identity: &str,
+    ready: &AtomicBool,
+    stop: &CancellationToken,
+) -> Option<Leadership> {
+    let lease_duration = Duration::from_secs(args.leader_election_lease_seconds.max(3));
+    let election = Election {
+        namespace: args.operator_namespace.clone(),
+        name: args.leader_election_name.clone(),
+        identity: identity.to_string(),
+        lease_duration,
+        renew_deadline: lease_duration * 2 / 3,
+        retry_period: lease_duration / 7,
+        api_timeout: args.api_timeout,
+    };
+    ready.store(true, Ordering::Release);
+    info!(identity = %identity, lease = %election.name, namespace = %election.namespace, "waiting for leadership");
+    let leadership = loop {
+        match election.lead(client, stop).await {
+            Ok(Some(leadership)) => break leadership,
+            Ok(None) => return None,
+            Err(e) => error!(error = %e, "leader election failed; retrying"),
+        }
+    };
+    ready.store(false, Ordering::Release);
+    Some(leadership)
+}
+
 async fn run(args: Args) -> Result<ExitCode, String> {
     let mut config = Config::infer()
         .await
@@ -214,45 +246,28 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         resync: args.resync,
     };
 
-    let mut lost_leadership = false;
     let controllers_stop = stop.child_token();
-    if args.leader_election {
-        let lease_duration = Duration::from_secs(args.leader_election_lease_seconds.max(3));
-        let election = Election {
-            namespace: args.operator_namespace.clone(),
-            name: args.leader_election_name.clone(),
-            identity: identity.clone(),
-            lease_duration,
-            renew_deadline: lease_duration * 2 / 3,
-            retry_period: lease_duration / 7,
-            api_timeout: args.api_timeout,
+    let lost_leadership = if args.leader_election {
+        let Some(leadership) = lead(&args, &client, &identity, &ready, &stop).await else {
+            return finish(server).await;
         };
-        // Standbys are ready: they serve health and wait; only the leader's caches matter.
-        ready.store(true, Ordering::Release);
-        info!(identity = %identity, lease = %election.name, namespace = %election.namespace, "waiting for leadership");
-        let leadership = loop {
-            match election.lead(&client, &stop).await {
-                Ok(Some(leadership)) => break leadership,
-                Ok(None) => return finish(server).await,
-                Err(e) => error!(error = %e, "leader election failed; retrying"),
-            }
-        };
-        ready.store(false, Ordering::Release);
         let lost = leadership.lost.clone();
-        tokio::select! {
-            () = run::run(client, settings, metrics, ready, controllers_stop.clone()) => {}
+        let lost_leadership = tokio::select! {
+            () = run::run(client, settings, metrics, ready, controllers_stop.clone()) => false,
             // Deposed: the controllers and their in-flight reconciles are dropped at once,
             // not drained, so nothing more is written once another replica may lead.
-            () = lost.cancelled() => lost_leadership = true,
-        }
+            () = lost.cancelled() => true,
+        };
         controllers_stop.cancel();
         stop.cancel();
         // The controllers have stopped: hand the Lease back so a standby takes over at once.
         leadership.release.cancel();
         let _ = tokio::time::timeout(args.api_timeout, leadership.renewal).await;
+        lost_leadership
     } else {
         run::run(client, settings, metrics, ready, controllers_stop).await;
-    }
+        false
+    };
     stop.cancel();
     let code = finish(server).await?;
     if lost_leadership {

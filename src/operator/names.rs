@@ -5,6 +5,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::FencedLease;
 
+/// Field manager of the operator's server-side applies (claim statuses).
+pub const MANAGER: &str = "fenced-lease-operator";
+
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.
 pub fn claim_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
     ObjectReference {

@@ -142,9 +142,7 @@ pub fn claim_status(
         ));
     } else if let Some(reason) = ended {
         next.phase = Some(reason.claim_phase());
-        next.fencing_token = current.fencing_token;
-        next.grant_time = current.grant_time;
-        next.lease_duration_seconds = current.lease_duration_seconds;
+        keep_record(&mut next, &current);
         next.message = Some(ended_message(reason, lease_name));
     } else if matches!(
         current.phase,
@@ -156,32 +154,60 @@ pub fn claim_status(
         };
     } else if current.phase == Some(ClaimPhase::Granted) {
         next.phase = Some(ClaimPhase::Revoked);
-        next.fencing_token = current.fencing_token;
-        next.grant_time = current.grant_time;
-        next.lease_duration_seconds = current.lease_duration_seconds;
+        keep_record(&mut next, &current);
         next.message = Some(format!(
             "no longer holds lease {lease_name}: the lease status names another holder"
         ));
     } else {
         next.phase = Some(ClaimPhase::Pending);
-        let position = claim.metadata.name.as_ref().and_then(|n| plan.position(n));
-        let shown = position.filter(|p| *p < POSITIONS_SHOWN);
-        next.queue_position = shown.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
-        next.message = Some(match (position, pod, &claim.spec.pod_name) {
-            (_, PodPresence::Missing, Some(pod)) => format!("waiting for pod {pod} to exist"),
-            (Some(p), _, _) if p < POSITIONS_SHOWN => format!(
-                "waiting for lease {lease_name}: position {} in the queue",
-                p + 1
-            ),
-            (Some(_), _, _) => {
-                format!("waiting for lease {lease_name}: more than {POSITIONS_SHOWN} claims ahead")
-            }
-            (None, _, _) => format!("waiting for lease {lease_name}"),
-        });
+        (next.queue_position, next.message) = waiting(claim, lease_name, plan, pod);
     }
 
+    found_conditions(&mut next.conditions, claim, pod, now);
+    next
+}
+
+/// A claim that held the lease keeps the record of its hold: its token, grant time and term.
+fn keep_record(next: &mut FencedLeaseClaimStatus, current: &FencedLeaseClaimStatus) {
+    next.fencing_token = current.fencing_token;
+    next.grant_time = current.grant_time.clone();
+    next.lease_duration_seconds = current.lease_duration_seconds;
+}
+
+/// A waiting claim's queue position (shown for the first [`POSITIONS_SHOWN`]) and message.
+fn waiting(
+    claim: &CachedClaim,
+    lease_name: &str,
+    plan: &Plan,
+    pod: PodPresence,
+) -> (Option<i32>, Option<String>) {
+    let position = claim.metadata.name.as_ref().and_then(|n| plan.position(n));
+    let shown = position.filter(|p| *p < POSITIONS_SHOWN);
+    let queue_position = shown.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
+    let message = match (position, pod, &claim.spec.pod_name) {
+        (_, PodPresence::Missing, Some(pod)) => format!("waiting for pod {pod} to exist"),
+        (Some(p), _, _) if p < POSITIONS_SHOWN => format!(
+            "waiting for lease {lease_name}: position {} in the queue",
+            p + 1
+        ),
+        (Some(_), _, _) => {
+            format!("waiting for lease {lease_name}: more than {POSITIONS_SHOWN} claims ahead")
+        }
+        (None, _, _) => format!("waiting for lease {lease_name}"),
+    };
+    (queue_position, Some(message))
+}
+
+/// Conditions `LeaseFound` (true: the lease reconciler writes it) and, for a claim that names
+/// a pod, `PodFound`.
+fn found_conditions(
+    conditions: &mut Vec<Condition>,
+    claim: &CachedClaim,
+    pod: PodPresence,
+    now: Timestamp,
+) {
     set_condition(
-        &mut next.conditions,
+        conditions,
         "LeaseFound",
         "True",
         "Found",
@@ -199,7 +225,7 @@ pub fn claim_status(
             _ => ("True", "Found", String::new()),
         };
         set_condition(
-            &mut next.conditions,
+            conditions,
             "PodFound",
             status,
             reason,
@@ -208,7 +234,49 @@ pub fn claim_status(
             now,
         );
     }
-    next
+}
+
+/// The status of a claim of lease `ns/lease`, which does not exist: a waiting claim waits
+/// for it (and holds no token); one that held it is `Revoked`; a final one stays as it is.
+/// Condition `LeaseFound` says so either way.
+pub fn without_lease(
+    current: &FencedLeaseClaimStatus,
+    lease: &str,
+    ns: &str,
+    now: Timestamp,
+) -> FencedLeaseClaimStatus {
+    let waits =
+        format!("FencedLease {lease} does not exist in namespace {ns}; the claim waits for it");
+    let (phase, message) = match current.phase {
+        Some(p @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => {
+            (p, current.message.clone().unwrap_or(waits))
+        }
+        Some(ClaimPhase::Granted) => (
+            ClaimPhase::Revoked,
+            format!("lost lease {lease}: FencedLease {lease} no longer exists in namespace {ns}"),
+        ),
+        _ => (ClaimPhase::Pending, waits),
+    };
+    let mut desired = FencedLeaseClaimStatus {
+        phase: Some(phase),
+        message: Some(message.clone()),
+        conditions: current.conditions.clone(),
+        observed_generation: CLAIM_GENERATION,
+        ..Default::default()
+    };
+    if phase != ClaimPhase::Pending {
+        keep_record(&mut desired, current);
+    }
+    set_condition(
+        &mut desired.conditions,
+        "LeaseFound",
+        "False",
+        "LeaseNotFound",
+        &message,
+        CLAIM_GENERATION,
+        now,
+    );
+    desired
 }
 
 /// The status of a claim whose heartbeat stopped, confirmed: `Expired`, for good. A holder
@@ -488,5 +556,54 @@ mod tests {
         );
         set_condition(&mut conditions, "Held", "False", "Free", "", None, t1);
         assert_eq!(conditions[0].last_transition_time.0, t1);
+    }
+
+    #[test]
+    fn a_claim_of_a_missing_lease_waits_without_a_token_or_loses_its_hold() {
+        let now = Timestamp::now();
+        let held = FencedLeaseClaimStatus {
+            phase: Some(ClaimPhase::Granted),
+            fencing_token: Some(7),
+            grant_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                now,
+            )),
+            lease_duration_seconds: Some(10),
+            ..Default::default()
+        };
+        let lost = without_lease(&held, "db", "ns", now);
+        assert_eq!(
+            (lost.phase, lost.fencing_token, lost.lease_duration_seconds),
+            (Some(ClaimPhase::Revoked), Some(7), Some(10))
+        );
+        assert_eq!(
+            lost.message.as_deref(),
+            Some("lost lease db: FencedLease db no longer exists in namespace ns")
+        );
+        // A waiter waits, holding nothing; told so by its condition.
+        let waiting = FencedLeaseClaimStatus {
+            phase: Some(ClaimPhase::Pending),
+            fencing_token: Some(3),
+            ..Default::default()
+        };
+        let waits = without_lease(&waiting, "db", "ns", now);
+        assert_eq!(
+            (waits.phase, waits.fencing_token),
+            (Some(ClaimPhase::Pending), None)
+        );
+        assert!(waits.conditions.iter().any(|c| c.type_ == "LeaseFound"
+            && c.status == "False"
+            && c.reason == "LeaseNotFound"));
+        // A final phase stays, with its message.
+        let expired = FencedLeaseClaimStatus {
+            phase: Some(ClaimPhase::Expired),
+            message: Some("expired".into()),
+            fencing_token: Some(7),
+            ..Default::default()
+        };
+        let still = without_lease(&expired, "db", "ns", now);
+        assert_eq!(
+            (still.phase, still.message.as_deref(), still.fencing_token),
+            (Some(ClaimPhase::Expired), Some("expired"), Some(7))
+        );
     }
 }

@@ -8,7 +8,6 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::expire::Fresh;
-use super::lease::MANAGER;
 use super::pods;
 use super::write_status::{current_claims, newest_grant};
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
@@ -17,6 +16,7 @@ use crate::operator::core::decide::Plan;
 use crate::operator::core::status;
 use crate::operator::core::transitions::{self, ClaimWas};
 use crate::operator::error::{Result, timed};
+use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
 
 /// Brings every claim of the lease in line with the lease status: first those that lose or

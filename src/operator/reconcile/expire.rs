@@ -40,20 +40,25 @@ pub enum Confirmed {
     Changed,
 }
 
-/// Confirms that claim `name` (uid `uid`) of lease `lease` has stayed silent since
-/// `seen_at` (when the decision to expire it last saw its heartbeat change), and makes its
-/// expiry final. `holder` says whether it held the lease (for the message and Event).
-#[allow(clippy::too_many_arguments)]
+/// A claim the decision found silent: its name and UID, when the decision last saw its
+/// heartbeat change, and whether it held the lease (for the message and Event).
+pub struct Silent<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub seen_at: Instant,
+    pub holder: bool,
+}
+
+/// Confirms that claim `silent` of lease `ns/lease` has stayed silent since it was last seen
+/// to beat, and makes its expiry final.
 pub async fn confirm_and_expire(
     ctx: &Context,
     ns: &str,
     lease: &str,
-    name: &str,
-    uid: &str,
-    seen_at: Instant,
-    holder: bool,
+    silent: &Silent<'_>,
     fresh: &mut Fresh,
 ) -> Result<Confirmed> {
+    let (name, uid) = (silent.name, silent.uid);
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
     let read = timed(
         "read claim before expiry",
@@ -72,7 +77,7 @@ pub async fn confirm_and_expire(
         return Ok(Confirmed::Expired);
     }
     let beat = beat_of(&claim.spec);
-    if ctx.heartbeats.moved_since(uid, beat, seen_at) {
+    if ctx.heartbeats.moved_since(uid, beat, silent.seen_at) {
         // The cache missed a heartbeat (a partition, a pause, a lagging watch), or the watch
         // brought one after the decision: the claim renewed after the operator last looked.
         // It gets a full term from now.
@@ -86,7 +91,20 @@ pub async fn confirm_and_expire(
         fresh.insert(uid.to_string(), Some(claim.into()));
         return Ok(Confirmed::Alive);
     }
+    expire(ctx, &api, claim, lease, silent.holder, fresh).await
+}
 
+/// Writes claim `claim` (as just read) `Expired`, on the resourceVersion it was read at.
+async fn expire(
+    ctx: &Context,
+    api: &Api<FencedLeaseClaim>,
+    claim: FencedLeaseClaim,
+    lease: &str,
+    holder: bool,
+    fresh: &mut Fresh,
+) -> Result<Confirmed> {
+    let (name, ns) = (claim.name_any(), claim.namespace().unwrap_or_default());
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
     let mut update = claim.clone();
     update.metadata.managed_fields = None;
     let current = claim.status.clone().unwrap_or_default();
@@ -94,15 +112,15 @@ pub async fn confirm_and_expire(
     match timed(
         "expire claim",
         ctx.kube.timeout,
-        api.replace_status(name, &PostParams::default(), &update),
+        api.replace_status(&name, &PostParams::default(), &update),
     )
     .await
     {
         Ok(written) => {
             info!(
                 lease,
-                namespace = ns,
-                claim = name,
+                namespace = %ns,
+                claim = %name,
                 holder,
                 "claim expired: no heartbeat for the lease duration (confirmed on a fresh read)"
             );
@@ -111,23 +129,19 @@ pub async fn confirm_and_expire(
                 .as_ref()
                 .and_then(|s| s.message.clone())
                 .unwrap_or_default();
-            ctx.events.event(
-                &written.object_ref(&()),
-                EventType::Warning,
-                "Expired",
-                "Hand-over",
-                note,
-            );
-            fresh.insert(uid.to_string(), Some(written.into()));
+            let on = written.object_ref(&());
+            ctx.events
+                .event(&on, EventType::Warning, "Expired", "Hand-over", note);
+            fresh.insert(uid, Some(written.into()));
             Ok(Confirmed::Expired)
         }
         Err(e) if e.is_conflict() => {
-            tracing::debug!(lease, claim = %claim.name_any(), "claim changed before its expiry was written; deciding again");
-            fresh.remove(uid);
+            tracing::debug!(lease, claim = %name, "claim changed before its expiry was written; deciding again");
+            fresh.remove(&uid);
             Ok(Confirmed::Changed)
         }
         Err(e) if e.is_not_found() => {
-            fresh.insert(uid.to_string(), None);
+            fresh.insert(uid, None);
             Ok(Confirmed::Gone)
         }
         Err(e) => Err(e),

@@ -8,7 +8,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
-use super::lease::report;
+use super::report::report;
 use super::write_status::{Outcome, claims_of, write_lease_status};
 use super::{claims, fence_bindings, pods, token_records};
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus};

@@ -11,20 +11,18 @@ use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::warn;
 
+use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
 use super::{claims, fence_bindings, finalize, pods, token_records};
-use crate::api::{FencedLease, FencedLeaseStatus};
+use crate::api::FencedLease;
 use crate::operator::context::Context;
-use crate::operator::core::decide::Plan;
-use crate::operator::core::{status, transitions};
+use crate::operator::core::status;
 use crate::operator::error::{Error, Result, timed, truncate};
 use crate::operator::names::lease_key;
 use crate::operator::state::failures::retry_delay;
 
-/// Field manager of the operator's claim status writes.
-pub const MANAGER: &str = "fenced-lease-operator";
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
 const STALE_RETRY: Duration = Duration::from_secs(2);
 
@@ -182,28 +180,5 @@ async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, err
     .await
     {
         tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");
-    }
-}
-
-/// Reports what `plan`, carried out, did to the lease: a log line, the metric, and an Event
-/// per transition.
-pub(super) fn report(ctx: &Context, lease: &FencedLease, before: &FencedLeaseStatus, plan: &Plan) {
-    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
-    let after = lease.status.clone().unwrap_or_default();
-    let duration = lease.spec.lease_duration_seconds;
-    let reference = lease.object_ref(&());
-    for notice in transitions::notices(&ns, before, &after, duration, plan) {
-        if let Some(transition) = notice.transition {
-            let claim = notice.claim.as_ref().and_then(|c| c.name.as_deref());
-            let what = match transition {
-                transitions::Transition::Granted => "granted",
-                _ => "holder ended",
-            };
-            info!(lease = %name, namespace = %ns, claim, token = notice.token, reason = notice.reason, "{what}");
-            ctx.metrics.transition(&ns, &name, transition);
-        }
-        let (type_, reason, action) = (notice.type_, notice.reason, notice.action);
-        ctx.events
-            .event_about(&reference, notice.claim, type_, reason, action, notice.note);
     }
 }

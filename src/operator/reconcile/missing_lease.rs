@@ -7,16 +7,17 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
-use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
+use super::lookup::lease_exists;
+use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
-use crate::operator::core::status::{CLAIM_GENERATION, set_condition};
+use crate::operator::core::status;
 use crate::operator::error::{Error, Result, timed};
-use crate::operator::reconcile::lease::MANAGER;
+use crate::operator::names::MANAGER;
 use crate::operator::state::claim::CachedClaim;
 
 /// When to look at a claim again, if at all.
@@ -55,69 +56,20 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         .clone()
         .ok_or_else(|| Error::Unexpected("FencedLeaseClaim without a namespace".into()))?;
     let lease = &claim.spec.lease_name;
-    if claim.metadata.deletion_timestamp.is_some()
-        || ctx.leases.get(&ObjectRef::new(lease).within(&ns)).is_some()
-    {
+    // The lease's own event brings the grant.
+    if claim.metadata.deletion_timestamp.is_some() || lease_exists(ctx, &ns, lease).await? {
         return Ok(None);
-    }
-    // The cache may not have heard of a lease created a moment ago: a holder told that its
-    // lease does not exist gives up, so only the API may say so.
-    let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), &ns);
-    if timed(
-        "read lease",
-        ctx.kube.timeout,
-        leases.get_metadata_opt(lease),
-    )
-    .await?
-    .is_some()
-    {
-        return Ok(None); // the lease's own event brings the grant
     }
     let current = claim.full_status();
     let already_told = current
         .conditions
         .iter()
         .any(|c| c.type_ == "LeaseFound" && c.status == "False");
-    let message =
-        format!("FencedLease {lease} does not exist in namespace {ns}; the claim waits for it");
-    let phase = match current.phase {
-        Some(p @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => p,
-        Some(ClaimPhase::Granted) => ClaimPhase::Revoked,
-        _ => ClaimPhase::Pending,
-    };
-    let message = match phase {
-        ClaimPhase::Pending => message,
-        _ if current.phase == Some(ClaimPhase::Granted) => {
-            format!("lost lease {lease}: FencedLease {lease} no longer exists in namespace {ns}")
-        }
-        _ => current.message.clone().unwrap_or(message),
-    };
-    let mut desired = FencedLeaseClaimStatus {
-        phase: Some(phase),
-        message: Some(message.clone()),
-        conditions: current.conditions.clone(),
-        observed_generation: CLAIM_GENERATION,
-        fencing_token: current.fencing_token,
-        grant_time: current.grant_time.clone(),
-        lease_duration_seconds: current.lease_duration_seconds,
-        queue_position: None,
-    };
-    if desired.phase == Some(ClaimPhase::Pending) {
-        desired.fencing_token = None;
-        desired.grant_time = None;
-    }
-    set_condition(
-        &mut desired.conditions,
-        "LeaseFound",
-        "False",
-        "LeaseNotFound",
-        &message,
-        CLAIM_GENERATION,
-        Timestamp::now(),
-    );
+    let desired = status::without_lease(&current, lease, &ns, Timestamp::now());
+    let message = desired.message.clone().unwrap_or_default();
     if desired != current {
         let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
-        let patch = json!({ "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "status": desired });
+        let patch = json!({ "apiVersion": FencedLeaseClaim::api_version(&()), "kind": FencedLeaseClaim::kind(&()), "status": desired });
         let params = PatchParams::apply(MANAGER).force();
         timed(
             "write claim status",

@@ -9,15 +9,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::lookup::lease_exists;
 use super::pods::set_annotation;
-use crate::api::{FencedLease, token_annotation_key};
+use crate::api::token_annotation_key;
 use crate::operator::context::Context;
-use crate::operator::error::timed;
 
 /// A pod that carries the token annotation of a lease the cache does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,19 +55,8 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::erro
         pod,
         lease,
     } = orphan;
-    if ctx.leases.get(&ObjectRef::new(lease).within(ns)).is_some() {
+    if lease_exists(ctx, ns, lease).await? {
         return Ok(()); // the lease reconciler owns this annotation
-    }
-    let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), ns);
-    if timed(
-        "read lease",
-        ctx.kube.timeout,
-        leases.get_metadata_opt(lease),
-    )
-    .await?
-    .is_some()
-    {
-        return Ok(());
     }
     let key = token_annotation_key(lease);
     let Some(cached) = ctx.pods.get(ns, pod) else {

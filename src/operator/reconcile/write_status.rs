@@ -18,7 +18,7 @@ use crate::operator::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPr
 use crate::operator::core::status;
 use crate::operator::core::step::{Known, Round, Step, next_step};
 use crate::operator::error::{Error, Result, timed};
-use crate::operator::reconcile::expire::{Confirmed, Fresh, confirm_and_expire};
+use crate::operator::reconcile::expire::{Confirmed, Fresh, Silent, confirm_and_expire};
 use crate::operator::state::CachedClaim;
 
 /// Steps of one reconcile's status write before it gives up (each read, expiry or 409 is one).
@@ -185,18 +185,13 @@ async fn expire(ctx: &Context, ns: &str, name: &str, d: &Decided, fresh: &mut Fr
         let Some(claim) = d.views.iter().find(|v| &v.uid == uid) else {
             continue;
         };
-        let holder = holder_uid == Some(uid.as_str());
-        let confirmed = confirm_and_expire(
-            ctx,
-            ns,
-            name,
-            &claim.name,
+        let silent = Silent {
+            name: &claim.name,
             uid,
-            claim.last_beat,
-            holder,
-            fresh,
-        )
-        .await?;
+            seen_at: claim.last_beat,
+            holder: holder_uid == Some(uid.as_str()),
+        };
+        let confirmed = confirm_and_expire(ctx, ns, name, &silent, fresh).await?;
         if confirmed == Confirmed::Changed {
             break;
         }

@@ -1,0 +1,23 @@
+//! Whether a lease exists: the cache first, then the API.
+
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::FencedLease;
+use crate::operator::context::Context;
+use crate::operator::error::{Result, timed};
+
+/// Does lease `ns/name` exist? A lease the cache has exists; one it lacks may have been
+/// created a moment ago, so only the API may say it does not.
+pub async fn lease_exists(ctx: &Context, ns: &str, name: &str) -> Result<bool> {
+    if ctx.leases.get(&ObjectRef::new(name).within(ns)).is_some() {
+        return Ok(true);
+    }
+    let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), ns);
+    let read = timed(
+        "read lease",
+        ctx.kube.timeout,
+        leases.get_metadata_opt(name),
+    );
+    Ok(read.await?.is_some())
+}

@@ -1,0 +1,33 @@
+//! Reports what a reconcile did: a log line and the metric for each change of hands, and an
+//! Event for each notice the core decided on.
+
+use kube::{Resource, ResourceExt};
+use tracing::info;
+
+use crate::api::{FencedLease, FencedLeaseStatus};
+use crate::operator::context::Context;
+use crate::operator::core::decide::Plan;
+use crate::operator::core::transitions;
+
+/// Reports what `plan`, carried out, did to the lease: a log line, the metric, and an Event
+/// per transition.
+pub fn report(ctx: &Context, lease: &FencedLease, before: &FencedLeaseStatus, plan: &Plan) {
+    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+    let after = lease.status.clone().unwrap_or_default();
+    let duration = lease.spec.lease_duration_seconds;
+    let reference = lease.object_ref(&());
+    for notice in transitions::notices(&ns, before, &after, duration, plan) {
+        if let Some(transition) = notice.transition {
+            let claim = notice.claim.as_ref().and_then(|c| c.name.as_deref());
+            let what = match transition {
+                transitions::Transition::Granted => "granted",
+                _ => "holder ended",
+            };
+            info!(lease = %name, namespace = %ns, claim, token = notice.token, reason = notice.reason, "{what}");
+            ctx.metrics.transition(&ns, &name, transition);
+        }
+        let (type_, reason, action) = (notice.type_, notice.reason, notice.action);
+        ctx.events
+            .event_about(&reference, notice.claim, type_, reason, action, notice.note);
+    }
+}
