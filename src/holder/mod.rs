@@ -1,7 +1,7 @@
 //! The holder side: taking a lease, keeping it with heartbeats, and knowing, from the holder's
 //! own clock, the last instant it may still act as holder (invariant I6).
 //!
-//! - [`acquire`] queues a fresh claim and returns a [`LeaseGuard`] once it is granted;
+//! - [`acquire`](fn@acquire) queues a fresh claim and returns a [`LeaseGuard`] once it is granted;
 //! - the guard renews in the background, gives out its [`token`](LeaseHandle::token) only
 //!   before its local safe deadline (send time of the last accepted renew + the term's
 //!   duration − a margin, on a clock that counts suspend), signals

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 
-/// Options of [`acquire`](super::acquire). Build them with the methods below.
+/// Options of [`acquire`](fn@super::acquire). Build them with the methods below.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct AcquireOptions {

@@ -2,7 +2,7 @@
 //! like flock(1) and `timeout --foreground`:
 //! - the lease is released only once the whole group is gone (with `--kill-group`, what CMD
 //!   leaves behind is stopped instead of waited for);
-//! - CMD cannot outlive `kubectl fence` (see [`child`](super::child));
+//! - CMD cannot outlive `kubectl fence` (see [`child`]);
 //! - when stdin is the terminal, CMD gets it (an interactive CMD can read it); Ctrl-Z stops
 //!   CMD and `kubectl fence` both, `fg` continues both;
 //! - the signals a shell or a supervisor sends are passed on to CMD's group, none is lost,
