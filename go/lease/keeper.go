@@ -93,12 +93,13 @@ func (k *keeper) end(reason LostReason, detail string) {
 	k.update(func(t *tracker) bool { return t.end(reason, detail) })
 }
 
-// finish waits for the hold to end and the goroutines to stop, then deletes the claim.
+// finish waits for the hold to end, deletes the claim (at once: the tracker already refuses
+// the token, so nothing waits for the other goroutines to stop), then waits for them.
 // Deleting it happens here, not in the caller, so that it completes whoever stops waiting.
 func (k *keeper) finish() {
 	<-k.ctx.Done()
-	k.wg.Wait()
 	k.deleteErr = k.deleteClaim()
+	k.wg.Wait()
 	if k.deleteErr != nil {
 		k.log.Info("could not delete claim; it expires instead", "error", k.deleteErr.Error())
 	}

@@ -1,0 +1,77 @@
+// Command bench-candidate is a fenced leader-election candidate for fenced-lease's
+// benchmarks, speaking the line protocol of bench/leaderelection (the client-go candidate),
+// so that the two run side by side. It campaigns for the FencedLease NAME with package
+// election and prints one line per event, stamped with the wall clock in nanoseconds since
+// the epoch:
+//
+//	leading <ns> <token>   OnStartedLeading
+//	stopped <ns>           OnStoppedLeading
+//	leader <ns> <id>       OnNewLeader
+//
+// With -wait-stdin it first prints "ready <ns>" and waits for a line on standard input
+// before it starts. SIGTERM or SIGINT ends the election, releasing the lease at once.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/fenced-lease/fenced-lease/go/election"
+	"github.com/fenced-lease/fenced-lease/go/lease"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file")
+	namespace := flag.String("namespace", "default", "namespace of the FencedLease")
+	name := flag.String("name", "", "name of the FencedLease")
+	identity := flag.String("identity", "", "candidate identity")
+	waitStdin := flag.Bool("wait-stdin", false, `print "ready" and wait for a line on stdin first`)
+	flag.Parse()
+	if *name == "" || *identity == "" {
+		fmt.Fprintln(os.Stderr, "-name and -identity are required")
+		os.Exit(2)
+	}
+	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	config.QPS, config.Burst = 1000, 1000
+	c, err := lease.NewClient(config)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	now := func() int64 { return time.Now().UnixNano() }
+	if *waitStdin {
+		fmt.Println("ready", now())
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	le, err := election.NewLeaderElector(election.LeaderElectionConfig{
+		Client: c, Namespace: *namespace, Name: *name, Identity: *identity,
+		Callbacks: election.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context, token int64) {
+				fmt.Println("leading", now(), token)
+				<-ctx.Done()
+			},
+			OnStoppedLeading: func() { fmt.Println("stopped", now()) },
+			OnNewLeader:      func(id string) { fmt.Println("leader", now(), id) },
+		},
+	})
+	if err == nil {
+		err = le.Run(ctx)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
