@@ -6,8 +6,8 @@
 //! Warnings go through kube's [`Recorder`], which folds a repeated warning into one Event
 //! series with a count. Normal Events (grants, releases, expiries) are one per transition
 //! and are created directly: the Recorder keeps every Event it published in the last six
-//! minutes and scans them all on each publish, which at thousands of grants a minute costs
-//! tens of MiB and a scan per grant.
+//! minutes and scans them all on each publish: memory and a scan per grant that grow with the
+//! grant rate.
 
 use std::sync::Arc;
 use std::time::Duration;

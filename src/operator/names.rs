@@ -22,7 +22,7 @@ pub fn claim_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
 
 /// The key a lease is queued and scheduled under: its namespace and name only. Not
 /// `ObjectRef::from_obj`, which also copies its UID and resourceVersion, two more strings in
-/// each of the controller's 10,000 timers (the key's equality ignores them anyway).
+/// each of the controller's timers (the key's equality ignores them anyway).
 pub fn lease_key(lease: &FencedLease) -> ObjectRef<FencedLease> {
     let key = ObjectRef::new(lease.metadata.name.as_deref().unwrap_or_default());
     match lease.metadata.namespace.as_deref() {

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelValue;
 
-use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus};
+use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseSpec, FencedLeaseStatus};
 use crate::operator::core::decide::{EndReason, Plan};
 use crate::operator::names::claim_reference;
 
@@ -39,7 +39,7 @@ pub fn notices(
     ns: &str,
     before: &FencedLeaseStatus,
     after: &FencedLeaseStatus,
-    spec_duration_seconds: i32,
+    spec: &FencedLeaseSpec,
     plan: &Plan,
 ) -> Vec<Notice> {
     let mut notices = Vec::new();
@@ -52,9 +52,7 @@ pub fn notices(
                 Transition::Expired,
                 format!(
                     "{who} expired with token {token}: no heartbeat for {}s",
-                    before
-                        .lease_duration_seconds
-                        .unwrap_or(spec_duration_seconds)
+                    before.term_seconds(spec)
                 ),
             ),
             EndReason::Released => (
@@ -190,6 +188,10 @@ mod tests {
         }
     }
 
+    fn spec() -> FencedLeaseSpec {
+        serde_json::from_value(serde_json::json!({"leaseDurationSeconds": 10})).expect("spec")
+    }
+
     fn status(token: i64, holder_of: Option<LeaseHolder>) -> FencedLeaseStatus {
         FencedLeaseStatus {
             fencing_token: token,
@@ -227,7 +229,7 @@ mod tests {
             "ns",
             &before,
             &after,
-            10,
+            &spec(),
             &plan(Some(EndReason::Expired), Some(("b", 5))),
         );
         let said: Vec<_> = n
@@ -263,7 +265,7 @@ mod tests {
             ),
             (EndReason::Revoked, "Revoked", "its claim was revoked"),
         ] {
-            let n = notices("ns", &before, &before, 10, &plan(Some(reason), None));
+            let n = notices("ns", &before, &before, &spec(), &plan(Some(reason), None));
             assert_eq!(n.len(), 1);
             assert_eq!(n[0].reason, says);
             assert!(n[0].note.contains(why), "{}", n[0].note);
@@ -279,14 +281,14 @@ mod tests {
                 "ns",
                 &idle,
                 &idle,
-                10,
+                &spec(),
                 &plan(Some(EndReason::Expired), None)
             )
             .is_empty()
         );
         let mut exhausted = plan(None, None);
         exhausted.tokens_exhausted = true;
-        let n = notices("ns", &idle, &idle, 10, &exhausted);
+        let n = notices("ns", &idle, &idle, &spec(), &exhausted);
         assert_eq!(
             (n.len(), n[0].type_, n[0].transition),
             (1, EventType::Warning, None)

@@ -11,7 +11,9 @@ use tracing::{info, warn};
 use super::report::report;
 use super::write_status::{Outcome, claims_of, write_lease_status};
 use super::{claims, fence_bindings, pods, token_records};
-use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus};
+use crate::api::{
+    ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus, duration_from_seconds,
+};
 use crate::operator::context::Context;
 use crate::operator::error::{Result, timed};
 
@@ -80,11 +82,10 @@ async fn holders_may_believe(
     ns: &str,
     name: &str,
 ) -> Result<Option<Duration>> {
-    let lease_term = seconds(lease.spec.lease_duration_seconds).max(
-        status
-            .lease_duration_seconds
-            .map_or(Duration::ZERO, seconds),
-    );
+    let lease_term = lease
+        .spec
+        .lease_duration()
+        .max(status.term_duration().unwrap_or_default());
     let mut claims = claims_of(ctx, ns, name);
     if let Some(holder) = &status.holder
         && !claims
@@ -127,15 +128,11 @@ async fn holders_may_believe(
             .status
             .as_ref()
             .and_then(|s| s.lease_duration_seconds)
-            .map_or(lease_term, |d| seconds(d).max(lease_term));
+            .map_or(lease_term, |d| duration_from_seconds(d).max(lease_term));
         let end = ctx.heartbeats.last_change(uid, now) + term;
         until = until.max(Some(end));
     }
     Ok(until
         .filter(|t| *t > now)
         .map(|t| t.saturating_duration_since(now)))
-}
-
-fn seconds(s: i32) -> Duration {
-    Duration::from_secs(u64::try_from(s).unwrap_or(1).max(1))
 }

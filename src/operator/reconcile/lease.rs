@@ -21,7 +21,7 @@ use crate::operator::context::Context;
 use crate::operator::core::status;
 use crate::operator::error::{Error, Result, timed, truncate};
 use crate::operator::names::lease_key;
-use crate::operator::state::failures::retry_delay;
+use crate::operator::state::failures::RETRY;
 
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
 const STALE_RETRY: Duration = Duration::from_secs(2);
@@ -75,7 +75,7 @@ pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -
             );
         }
     }
-    Action::requeue(retry_delay(attempt, rand::random::<f64>()))
+    Action::requeue(RETRY.pause(attempt))
 }
 
 async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Action> {

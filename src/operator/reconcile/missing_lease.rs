@@ -104,5 +104,5 @@ fn error_policy(claim: &CachedClaim, error: &Error, ctx: &Context) -> Duration {
         .failures
         .failed(&failure_key(claim), error.event_reason());
     tracing::warn!(claim = %claim.name_any(), namespace = ?claim.metadata.namespace, error = %error, attempt, "claim reconcile failed");
-    crate::operator::state::failures::retry_delay(attempt, rand::random::<f64>())
+    crate::operator::state::failures::RETRY.pause(attempt)
 }

@@ -14,9 +14,8 @@ use crate::operator::core::transitions;
 pub fn report(ctx: &Context, lease: &FencedLease, before: &FencedLeaseStatus, plan: &Plan) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     let after = lease.status.clone().unwrap_or_default();
-    let duration = lease.spec.lease_duration_seconds;
     let reference = lease.object_ref(&());
-    for notice in transitions::notices(&ns, before, &after, duration, plan) {
+    for notice in transitions::notices(&ns, before, &after, &lease.spec, plan) {
         if let Some(transition) = notice.transition {
             let claim = notice.claim.as_ref().and_then(|c| c.name.as_deref());
             let what = match transition {

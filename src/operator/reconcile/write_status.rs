@@ -127,15 +127,14 @@ fn decide_round(ctx: &Context, lease: &FencedLease, reads: &Reads, ns: &str) -> 
             claim_view(ctx, c, pod, now)
         })
         .collect();
-    let duration = seconds(lease.spec.lease_duration_seconds);
     let view = LeaseView {
         holder_uid,
         last_token: current.fencing_token,
         high_water_mark: reads.known.record.unwrap_or(0),
         min_token: lease.spec.min_token,
         deleting: lease.metadata.deletion_timestamp.is_some(),
-        term: current.lease_duration_seconds.map_or(duration, seconds),
-        duration,
+        term: lease.term(),
+        duration: lease.spec.lease_duration(),
     };
     let plan = decide(&view, &views, now, Timestamp::now().as_millisecond());
     let granted = plan.grant.as_ref().and_then(|g| {
@@ -344,8 +343,4 @@ pub fn current_claims(
         .collect();
     claims.extend(fresh.values().flatten().cloned().map(Arc::new));
     claims
-}
-
-fn seconds(s: i32) -> std::time::Duration {
-    std::time::Duration::from_secs(u64::try_from(s).unwrap_or(1).max(1))
 }

@@ -1,15 +1,14 @@
 //! Reconciling every lease (once the caches have synced, and after every relist) without
 //! flooding the controller. kube-runtime keeps the reconciles that wait for a free slot in a
-//! hash set and starts the first in hash order, so with thousands queued at once a change
-//! that arrives meanwhile (a new claim of another lease) can wait behind all of them: 20 s
-//! and more at 10,000 leases. The sweep keeps at most `limit` leases queued or reconciling,
-//! fewer than the controller's slots, so a fresh change always finds a free slot.
+//! hash set and starts the first in hash order, so a change queued behind thousands (a new
+//! claim of another lease) would wait for all of them. The sweep keeps at most `limit` leases
+//! queued or reconciling, fewer than the controller's slots, so a fresh change always finds a
+//! free slot.
 //!
-//! The leases being deleted are paced the same way, and in the same slots: deleting a
-//! namespace with thousands of leases makes each a change (its deletion), and each takes
-//! several writes to finalize (its last token recorded, its holder revoked, its finalizer
-//! removed). Queued all at once, they held a lease created meanwhile, elsewhere, for more
-//! than 30 s at 10,000 leases.
+//! The leases being deleted are paced the same way, and in the same slots: each deletion is a
+//! change, and each takes several writes to finalize (its last token recorded, its holder
+//! revoked, its finalizer removed), so a namespace of thousands deleted at once must not take
+//! every slot.
 
 use crate::operator::state::Swept;
 use std::collections::{HashSet, VecDeque};
@@ -54,8 +53,8 @@ pub async fn run(
         // served by this sweep.
         while requests.try_recv().is_ok() {}
         let (store, swept) = (&ctx.leases, &ctx.swept);
-        // Namespace and name in one string each: at 10,000 leases this list is ~0.5 MiB, as
-        // object references ~1.5 MiB, and the leases themselves would be kept alive by it.
+        // Namespace and name in one string each, a third of an object reference's size, and
+        // the leases themselves are not kept alive by the list.
         let leases: Vec<Box<str>> = store
             .state()
             .iter()

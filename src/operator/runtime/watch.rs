@@ -86,8 +86,8 @@ where
     K: DeserializeOwned + Skeleton,
 {
     // The object's parts are moved into the typed one, not copied: a copy of every listed
-    // object, freed right away, left most of 10,000 objects' worth of holes in the heap.
-    // managedFields are never read, and the largest part of most objects: dropped first.
+    // object, freed right away, leaves holes in the heap. managedFields are never read, and
+    // the largest part of most objects: dropped first.
     let decode = |object: DynamicObject| -> Option<K> {
         let DynamicObject {
             types,

@@ -1,10 +1,7 @@
 //! What the operator's cache keeps of a claim: what its decisions and writes read, in fewer
-//! and smaller allocations than the API type. Claims are a third of the objects it watches;
-//! a granted one took ~1.9 KiB of heap as a `FencedLeaseClaim` in kube-runtime's store
-//! (malloc's chunks counted, the store's key too): a 360-byte `ObjectMeta` of mostly unread
-//! fields, owner references kept for one UID, and conditions whose type, status and reason are
-//! nearly always the same few words, 25 allocations in all. As a `CachedClaim` in a
-//! [`Cache`](crate::operator::state::cache::Cache): ~1.1 KiB, 12 allocations.
+//! and smaller allocations than the API type. Claims are a third of the objects it watches:
+//! unread metadata is not kept, owner references only as the one UID read, and the few words
+//! conditions are nearly always made of are shared, not allocated per claim.
 
 use std::borrow::Cow;
 

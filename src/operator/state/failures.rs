@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::backoff::Backoff;
+
 /// First retry delay; doubles with each consecutive failure.
 const FIRST: Duration = Duration::from_millis(500);
 /// Longest retry delay.
@@ -43,12 +45,9 @@ impl Failures {
     }
 }
 
-/// Delay before retry number `attempt` (1-based): 0.5 s doubling up to 60 s, with jitter
-/// (`jitter` in 0..=1 takes off up to half) so that many failing objects spread out.
-pub fn retry_delay(attempt: u32, jitter: f64) -> Duration {
-    let exp = FIRST.saturating_mul(1 << attempt.clamp(1, 16).saturating_sub(1));
-    exp.min(MAX).mul_f64(1.0 - 0.5 * jitter.clamp(0.0, 1.0))
-}
+/// Pauses before retrying a failed reconcile: 0.5 s doubling up to 60 s, each shortened by
+/// up to half at random so that many failing objects spread out.
+pub const RETRY: Backoff = Backoff::new(FIRST, MAX, 0.5);
 
 #[cfg(test)]
 mod tests {
@@ -56,11 +55,11 @@ mod tests {
 
     #[test]
     fn delays_double_up_to_a_minute() {
-        assert_eq!(retry_delay(1, 0.0), Duration::from_millis(500));
-        assert_eq!(retry_delay(2, 0.0), Duration::from_secs(1));
-        assert_eq!(retry_delay(5, 0.0), Duration::from_secs(8));
-        assert_eq!(retry_delay(30, 0.0), Duration::from_secs(60));
-        assert_eq!(retry_delay(30, 1.0), Duration::from_secs(30));
+        assert_eq!(RETRY.delay(1, 1.0), Duration::from_millis(500));
+        assert_eq!(RETRY.delay(2, 1.0), Duration::from_secs(1));
+        assert_eq!(RETRY.delay(5, 1.0), Duration::from_secs(8));
+        assert_eq!(RETRY.delay(30, 1.0), Duration::from_secs(60));
+        assert_eq!(RETRY.delay(30, 0.0), Duration::from_secs(30));
     }
 
     #[test]

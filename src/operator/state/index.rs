@@ -14,8 +14,8 @@ use std::sync::Mutex;
 ///
 /// Each entry is one string in each of two sorted sets, `ns\0key\0name` and `ns\0name\0key`
 /// (no Kubernetes name, namespace or annotation key holds a NUL): the names under a key, and
-/// the keys of an object, are a range of one of them. That is about a third of the memory of
-/// maps of owned strings to sets of names, which took 4 MiB per index at 10,000 objects.
+/// the keys of an object, are a range of one of them: about a third of the memory of maps of
+/// owned strings to sets of names.
 #[derive(Debug, Default)]
 pub struct Index {
     inner: Mutex<Inner>,
