@@ -156,9 +156,9 @@ async fn trim_malloc() {
 /// glibc's malloc, left to its defaults, keeps the operator's resident memory well above what
 /// it uses: a heap arena per thread that ever allocated, and freed buffers (the pages of a
 /// 10,000-object list, say) kept for reuse, since the threshold above which a buffer gets its
-/// own mapping rises to the largest one freed. With two arenas and a fixed 128 KiB threshold
-/// for mapping and trimming, an operator over 10,000 leases, claims and pods stood at 72 MiB
-/// instead of 80 (BENCHMARKS.md). Set before any thread starts; each setting the environment
+/// own mapping rises to the largest one freed. So: two arenas and a fixed 128 KiB threshold
+/// for mapping and trimming (measured in bench/runs/2026-11-30-pods). Set before any thread
+/// starts; each setting the environment
 /// already gives (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) is
 /// left to it.
 fn tune_malloc() {

@@ -3,7 +3,9 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::api::FencedLease;
+use kube::Resource;
+
+use crate::api::{FencedLease, FencedLeaseClaim};
 
 /// Field manager of the operator's server-side applies (claim statuses).
 pub const MANAGER: &str = "fenced-lease-operator";
@@ -11,8 +13,8 @@ pub const MANAGER: &str = "fenced-lease-operator";
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.
 pub fn claim_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
     ObjectReference {
-        api_version: Some("fencing.dev/v1alpha1".into()),
-        kind: Some("FencedLeaseClaim".into()),
+        api_version: Some(FencedLeaseClaim::api_version(&()).into_owned()),
+        kind: Some(FencedLeaseClaim::kind(&()).into_owned()),
         namespace: Some(ns.into()),
         name: Some(name.into()),
         uid: Some(uid.into()),
