@@ -10,9 +10,10 @@ help: ## show the targets
 demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
 	@hack/demo
 
-test: deps lint chart-test ## everything: lint, chart, unit and integration tests against a real control plane, PostgreSQL and Redis
+test: deps lint chart-test ## everything: lint, chart, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
-	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features; \
+	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features && \
+	FL_OPERATOR_BIN=$(CURDIR)/target/debug/fenced-lease-operator hack/go-test; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 soak: deps ## the safety suite's long profile (tests/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
