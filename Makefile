@@ -16,7 +16,7 @@ test: deps lint chart-test ## everything: lint, chart, unit and integration test
 	FL_OPERATOR_BIN=$(CURDIR)/target/debug/fenced-lease-operator hack/go-test; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
-soak: deps ## the safety suite's long profile (tests/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
+soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
 	eval "$$(hack/datastores up)" && eval "$$(hack/control-plane up)" && \
 	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)); \

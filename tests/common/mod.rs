@@ -274,7 +274,7 @@ pub fn api_error_message<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> 
     }
 }
 
-// ---- Holder-side helpers (tests/holder*.rs, tests/kubectl_fence*.rs) ----
+// ---- Holder-side helpers (tests/holder/) ----
 
 impl TestNamespace {
     /// Creates FencedLease `name` with the given lease duration.
