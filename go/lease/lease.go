@@ -84,6 +84,19 @@ func (l *Lease) TimeLeft() time.Duration {
 	return t.deadline().since(now)
 }
 
+// DeadlineIn is how far the local safe deadline of the last accepted renew is from now:
+// negative once it has passed. Unlike TimeLeft it answers also after the lease was lost, so
+// that a holder can report how much of its term it still had when the hold ended.
+func (l *Lease) DeadlineIn() time.Duration {
+	now := bootNow()
+	t, _ := l.k.snapshot()
+	deadline := t.deadline()
+	if now >= deadline {
+		return -now.since(deadline)
+	}
+	return deadline.since(now)
+}
+
 // Duration is the lease duration in force for this claim: the term's, fixed at grant (I10).
 func (l *Lease) Duration() time.Duration { return l.k.timing().duration }
 

@@ -133,8 +133,10 @@ pub struct Report {
     pub start: u64,
     pub end: u64,
     pub acquire_attempts: usize,
+    /// Grants to the Rust library's holders, `kubectl fence`'s and the Go library's.
     pub acquired_library: usize,
     pub acquired_cli: usize,
+    pub acquired_go: usize,
     pub releases: usize,
     pub losses: usize,
     pub token_ok: usize,
@@ -215,8 +217,11 @@ impl fmt::Display for Report {
         row(f, "acquire attempts", self.acquire_attempts.to_string())?;
         row(
             f,
-            "granted (library / kubectl fence)",
-            format!("{} / {}", self.acquired_library, self.acquired_cli),
+            "granted (Rust / kubectl fence / Go)",
+            format!(
+                "{} / {} / {}",
+                self.acquired_library, self.acquired_cli, self.acquired_go
+            ),
         )?;
         row(
             f,
@@ -345,6 +350,7 @@ fn count(entries: &[&Entry], r: &mut Report) {
             Event::Spawned { process, .. } if process.starts_with("cli-") => {
                 r.acquire_attempts += 1
             }
+            Event::Acquired { .. } if e.p.starts_with("go-") => r.acquired_go += 1,
             Event::Acquired { .. } => r.acquired_library += 1,
             Event::CmdStarted { .. } => r.acquired_cli += 1,
             Event::Released { .. } => r.releases += 1,

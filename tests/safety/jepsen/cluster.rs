@@ -37,9 +37,11 @@ pub const LEADER_LEASE_SECONDS: u64 = 3;
 
 /// The leases of a run: name and usual duration (s).
 pub const LEASES: [(&str, i32); 3] = [("a", 1), ("b", 2), ("c", 3)];
-/// Library holder processes per lease, and `kubectl fence run` holders per lease.
+/// Holder processes per lease: the Rust library's, `kubectl fence run`'s, and the Go library's
+/// (`go/internal/jepsenholder`).
 pub const LIBRARY_HOLDERS: usize = 2;
 pub const CLI_HOLDERS: usize = 1;
+pub const GO_HOLDERS: usize = 1;
 
 /// One operator replica: a process behind its own proxy, restarted when it exits (a replica
 /// that loses leadership exits) unless a fault keeps it down.
@@ -112,6 +114,9 @@ pub struct Grant {
 pub enum Kind {
     Library,
     Cli,
+    /// The Go library's holder: like `Library`, but writes only to the resources that order
+    /// writes by token (not the workload fenced by kind).
+    Go,
 }
 
 /// One holder slot: a process (re)started for one lease, again and again.
@@ -150,6 +155,7 @@ pub struct Cluster {
     /// This run's own links to the operator and `kubectl-fence` binaries.
     operator: PathBuf,
     kubectl_fence: PathBuf,
+    go_holder: PathBuf,
     pods: Pods,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     observer: Vec<tokio::task::JoinHandle<()>>,
@@ -213,6 +219,7 @@ impl Cluster {
 
         let operator = pin_binary(env!("CARGO_BIN_EXE_fenced-lease-operator"), run_dir);
         let kubectl_fence = pin_binary(env!("CARGO_BIN_EXE_kubectl-fence"), run_dir);
+        let go_holder = build_go_holder(run_dir);
         let (grants, _) = broadcast::channel(1024);
         let mut cluster = Cluster {
             kubeconfig: cp.kubeconfig.clone(),
@@ -228,6 +235,7 @@ impl Cluster {
             seed,
             operator,
             kubectl_fence,
+            go_holder,
             pods,
             tasks: vec![],
             observer: vec![],
@@ -253,15 +261,17 @@ impl Cluster {
         for (lease, _) in LEASES {
             let slots = (0..LIBRARY_HOLDERS)
                 .map(|_| Kind::Library)
-                .chain((0..CLI_HOLDERS).map(|_| Kind::Cli));
+                .chain((0..CLI_HOLDERS).map(|_| Kind::Cli))
+                .chain((0..GO_HOLDERS).map(|_| Kind::Go));
             for kind in slots {
                 let n = cluster.slots.len();
                 let name = match kind {
                     Kind::Library => format!("holder-{n}"),
                     Kind::Cli => format!("cli-{n}"),
+                    Kind::Go => format!("go-{n}"),
                 };
                 let proxy = match kind {
-                    Kind::Library => Some(Proxy::start(&cluster.ns).await),
+                    Kind::Library | Kind::Go => Some(Proxy::start(&cluster.ns).await),
                     Kind::Cli => None,
                 };
                 let slot = Arc::new(Slot {
@@ -327,6 +337,7 @@ impl Cluster {
     fn supervise_slot(&mut self, slot: Arc<Slot>) {
         let (rec, stopping) = (self.runner.clone(), self.stopping.clone());
         let (kubectl_fence, pods) = (self.kubectl_fence.clone(), self.pods.clone());
+        let go_holder = self.go_holder.clone();
         let base = Settings {
             process: String::new(),
             namespace: self.ns.name.clone(),
@@ -368,6 +379,7 @@ impl Cluster {
                         cmd.env("JEPSEN_ROLE", "holder");
                         cmd
                     }
+                    Kind::Go => tokio::process::Command::new(&go_holder),
                     Kind::Cli => {
                         let mut cmd = tokio::process::Command::new(&kubectl_fence);
                         cmd.args([
@@ -693,6 +705,25 @@ impl Cluster {
 /// A hard link to `binary` in the run directory, so that the whole run uses the binary it
 /// started with, whatever rebuilds `target/` meanwhile (a long run outlasts many builds);
 /// warns when the binary was not built from this source tree (a shared target directory).
+/// Builds the Go library's holder (`go/internal/jepsenholder`) into the run's `bin/`, with the
+/// Go toolchain `hack/control-plane` uses (it fetches one if none is installed).
+fn build_go_holder(run_dir: &Path) -> PathBuf {
+    let root = crate::common::repo_root();
+    let out = run_dir.join("bin").join("jepsenholder");
+    let status = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"PATH="$("$1/hack/control-plane" go-bin-dir):$PATH" GOTOOLCHAIN=local go build -o "$2" ./internal/jepsenholder"#)
+        .args(["build-go-holder", &root.display().to_string(), &out.display().to_string()])
+        .current_dir(root.join("go"))
+        .status()
+        .expect("run go build");
+    assert!(
+        status.success(),
+        "go build of go/internal/jepsenholder failed ({status})"
+    );
+    out
+}
+
 fn pin_binary(binary: &str, run_dir: &Path) -> PathBuf {
     let source = Path::new(binary);
     let dir = run_dir.join("bin");

@@ -1,13 +1,13 @@
-//! A Jepsen-style safety suite: holders (the Rust library, and `kubectl fence run` around a
-//! small writer), each process a pod of its own, contend on short leases. They write their
-//! tokens to a Kubernetes object, a PostgreSQL row and a Redis key, and write unstamped —
-//! status, scale, patches, deletes, through the client and plain `kubectl` — to a workload
-//! their lease fences by kind, which only the writer's pod identity fences (I11). Meanwhile a
-//! nemesis pauses and kills holders, kills, pauses and partitions the operator replicas,
-//! restarts the apiserver and etcd, deletes and re-creates leases and the operator's token
-//! records, and lowers durations of held leases. Every event is recorded with a
-//! CLOCK_MONOTONIC timestamp; a checker over the whole history reports the first violation and
-//! prints a table.
+//! A Jepsen-style safety suite: holders (the Rust library, `kubectl fence run` around a small
+//! writer, and the Go library: `go/internal/jepsenholder`), each process a pod of its own,
+//! contend on short leases. They write their tokens to a Kubernetes object, a PostgreSQL row
+//! and a Redis key, and (all but the Go holders) write unstamped — status, scale, patches,
+//! deletes, through the client and plain `kubectl` — to a workload their lease fences by kind,
+//! which only the writer's pod identity fences (I11). Meanwhile a nemesis pauses and kills
+//! holders, kills, pauses and partitions the operator replicas, restarts the apiserver and
+//! etcd, deletes and re-creates leases and the operator's token records, and lowers durations
+//! of held leases. Every event is recorded with a CLOCK_MONOTONIC timestamp; a checker over
+//! the whole history reports the first violation and prints a table.
 //!
 //! ```console
 //! $ cargo test --all-features --test jepsen                       # the short profile (make test)
