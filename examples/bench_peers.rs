@@ -2,7 +2,8 @@
 //! lease (acquire), holds a lease another holder has just released (hand-over), and holds a
 //! lease whose holder was SIGKILLed (failover, minus the lease duration), for
 //!
-//! - fenced-lease: the library (`fenced_lease::holder::acquire`) and `kubectl fence run`;
+//! - fenced-lease: the library (`fenced_lease::holder::acquire`), `kubectl fence run`, and the
+//!   Go library's fenced leader election (`go/examples/bench-candidate`);
 //! - kube-lease-manager (the Rust crate) on a coordination.k8s.io Lease;
 //! - client-go's `tools/leaderelection` (`bench/leaderelection`, built by
 //!   `hack/bench-leaderelection`) on a coordination.k8s.io Lease;
@@ -14,7 +15,9 @@
 //! ```console
 //! $ eval "$(hack/control-plane up)"
 //! $ cargo build --release --bin fenced-lease-operator --bin kubectl-fence
-//! $ cargo run --release --example bench_peers -- --leaderelection "$(hack/bench-leaderelection)"
+//! $ (cd go && go build -o /tmp/bench-candidate ./examples/bench-candidate)
+//! $ cargo run --release --example bench_peers -- --leaderelection "$(hack/bench-leaderelection)" \
+//!     --go-candidate /tmp/bench-candidate
 //! ```
 
 #[path = "bench/common.rs"]
@@ -46,6 +49,9 @@ struct Args {
     /// The client-go leader-election candidate (hack/bench-leaderelection prints its path).
     #[arg(long)]
     leaderelection: Option<PathBuf>,
+    /// The Go library's fenced leader-election candidate (go/examples/bench-candidate).
+    #[arg(long)]
+    go_candidate: Option<PathBuf>,
     /// Samples of each figure when one takes a second or two.
     #[arg(long, default_value_t = 20)]
     samples: usize,
@@ -178,6 +184,8 @@ enum System {
     Library(u32),
     /// kubectl fence run, lease duration in seconds.
     Cli(u32),
+    /// The Go library's fenced leader election on a FencedLease of this many seconds.
+    Go(u32),
     /// kube-lease-manager: duration and grace, seconds.
     Klm(u64, u64),
     /// client-go: lease duration, renew deadline, retry period.
@@ -223,6 +231,18 @@ fn configs() -> Vec<Config> {
             period: ms(333),
         },
         Config {
+            name: "fenced-lease Go election, 15 s lease (default)".into(),
+            system: System::Go(15),
+            duration: s(15),
+            period: s(5),
+        },
+        Config {
+            name: "fenced-lease Go election, 1 s lease (fastest)".into(),
+            system: System::Go(1),
+            duration: s(1),
+            period: ms(333),
+        },
+        Config {
             name: "kube-lease-manager 30/5 s (default)".into(),
             system: System::Klm(30, 5),
             duration: s(30),
@@ -254,6 +274,9 @@ struct Proc {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<(String, i128, Option<i32>)>,
+    /// kubectl fence run's CMD says its process group after its stamp (others may print
+    /// something else there: the Go candidate its token).
+    says_group: bool,
     /// Process group of kubectl fence run's CMD, to SIGKILL with it.
     cmd_group: Option<i32>,
 }
@@ -284,6 +307,7 @@ impl Proc {
             child,
             stdin,
             lines,
+            says_group: false,
             cmd_group: None,
         })
     }
@@ -294,7 +318,7 @@ impl Proc {
         loop {
             match tokio::time::timeout_at(deadline, self.lines.recv()).await {
                 Ok(Some((k, stamp, extra))) if k == kind => {
-                    if extra.is_some() {
+                    if self.says_group && extra.is_some() {
                         self.cmd_group = extra;
                     }
                     return Ok(stamp);
@@ -408,6 +432,24 @@ impl Bench {
                 c.args(["-retry-period", &format!("{}ms", p.as_millis())]);
                 Proc::spawn(c)?
             }
+            System::Go(_) => {
+                let bin = self
+                    .args
+                    .go_candidate
+                    .as_ref()
+                    .ok_or("--go-candidate is not set")?;
+                let mut c = Command::new(bin);
+                c.args([
+                    "-namespace",
+                    &self.ns,
+                    "-name",
+                    lease,
+                    "-identity",
+                    &identity,
+                    "-wait-stdin",
+                ]);
+                Proc::spawn(c)?
+            }
             System::Cli(_) => {
                 // No "ready": the CLI is timed from its start, as a user's shell sees it.
                 let mut c = Command::new(&self.args.kubectl_fence);
@@ -417,7 +459,9 @@ impl Bench {
                     "-c",
                     "echo leading $(date +%s%N) $$; exec sleep 100000",
                 ]);
-                return Proc::spawn(c);
+                let mut proc = Proc::spawn(c)?;
+                proc.says_group = true;
+                return Ok(proc);
             }
         };
         proc.expect("ready", Duration::from_secs(30)).await?;
@@ -437,7 +481,7 @@ impl Bench {
     /// Creates the lease a config needs (FencedLease for fenced-lease; the peers create their own).
     async fn prepare(&self, config: &Config, name: &str) -> Res<()> {
         match config.system {
-            System::Library(d) | System::Cli(d) => self.fenced_lease(name, d).await,
+            System::Library(d) | System::Cli(d) | System::Go(d) => self.fenced_lease(name, d).await,
             _ => Ok(()),
         }
     }
@@ -592,6 +636,15 @@ async fn bench(args: Args) -> Res<()> {
         {
             println!(
                 "skipping {}: no --leaderelection binary (hack/bench-leaderelection builds it)",
+                config.name
+            );
+            continue;
+        }
+        if let System::Go(_) = config.system
+            && bench.args.go_candidate.is_none()
+        {
+            println!(
+                "skipping {}: no --go-candidate binary (go/examples/bench-candidate)",
                 config.name
             );
             continue;
