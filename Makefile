@@ -26,10 +26,11 @@ deps: ## Debian packages, Rust components, and the control-plane binaries (cache
 	@hack/deps
 	@hack/helm build
 
-lint: ## rustfmt and clippy, warnings are errors
+lint: ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	@hack/go-lint
 
 fmt: ## format the code
 	$(CARGO) fmt --all
@@ -62,5 +63,6 @@ down: ## stop the local control plane and remove its data
 bench: deps ## BENCHMARKS.md's tables in one run (not part of test; BENCH_* options: see hack/bench)
 	@hack/bench
 
-go-test: deps ## the Go module (go/): gofmt, go vet and its tests against the control plane, PostgreSQL, Redis and the operator
+go-test: deps ## the Go module (go/): hack/go-lint, then its tests against the control plane, PostgreSQL, Redis and the operator
+	@hack/go-lint
 	@hack/go-test

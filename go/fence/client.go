@@ -18,7 +18,7 @@ type TokenSource interface {
 	Token() (int64, error)
 }
 
-// ErrUnstampable: a write the stamping client cannot stamp (a JSON patch, a collection
+// ErrUnstampable is a write the stamping client cannot stamp (a JSON patch, a collection
 // delete). Use a merge patch, or delete objects one by one.
 var ErrUnstampable = errors.New("this write cannot carry a fencing token")
 

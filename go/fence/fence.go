@@ -25,7 +25,8 @@ import (
 // gets it must stop, not retry: a newer holder exists.
 var ErrFenced = errors.New("fenced out")
 
-// ErrInvalidToken: tokens are non-negative integers; a negative one is a bug in the caller.
+// ErrInvalidToken is a negative token: tokens are non-negative integers, so it is a bug in the
+// caller.
 var ErrInvalidToken = errors.New("invalid fencing token")
 
 // Fenced says a write was refused because the resource has accepted a higher token.

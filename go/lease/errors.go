@@ -65,26 +65,26 @@ func (e *Error) Unwrap() error { return e.Err }
 type LostReason int
 
 const (
-	// NotGranted: the claim is still waiting; the lease was never granted to it.
+	// NotGranted means the claim is still waiting; the lease was never granted to it.
 	NotGranted LostReason = iota
-	// DeadlinePassed: the local safe deadline passed without an accepted renew (the process
+	// DeadlinePassed means the local safe deadline passed without an accepted renew (the process
 	// was paused, the machine suspended, the API unreachable).
 	DeadlinePassed
-	// Expired: the operator expired the claim (its heartbeat stopped).
+	// Expired means the operator expired the claim (its heartbeat stopped).
 	Expired
-	// Revoked: the operator revoked the claim (its pod was deleted, or the status reset).
+	// Revoked means the operator revoked the claim (its pod was deleted, or the status reset).
 	Revoked
-	// ClaimDeleted: someone deleted the claim.
+	// ClaimDeleted means someone deleted the claim.
 	ClaimDeleted
-	// LeaseDeleted: the FencedLease was deleted.
+	// LeaseDeleted means the FencedLease was deleted.
 	LeaseDeleted
-	// Superseded: the lease status names another holder, or a newer token.
+	// Superseded means the lease status names another holder, or a newer token.
 	Superseded
-	// Forbidden: the apiserver refused a heartbeat with 403.
+	// Forbidden means the apiserver refused a heartbeat with 403.
 	Forbidden
-	// MarginTooLarge: the term's duration is not longer than the safety margin.
+	// MarginTooLarge means the term's duration is not longer than the safety margin.
 	MarginTooLarge
-	// Released: the holder released the lease itself (Release, or its context ended).
+	// Released means the holder released the lease itself (Release, or its context ended).
 	Released
 )
 

@@ -10,11 +10,11 @@ import (
 type Phase int
 
 const (
-	// Waiting: queued, not granted yet.
+	// Waiting means queued, not granted yet.
 	Waiting Phase = iota
-	// Holding: granted, and inside the local safe deadline.
+	// Holding means granted, and inside the local safe deadline.
 	Holding
-	// Lost: over, for good.
+	// Lost means over, for good.
 	Lost
 )
 

@@ -98,7 +98,7 @@ func (r *LedgerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile reads the ledger, works, and writes the count plus one (creating the ledger if
 // it is missing). It does not look at its context while it works, as a slow or stalled
 // reconcile would not: the client's fencing is what stops a stale write.
-func (r *LedgerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *LedgerReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	ledger := &corev1.ConfigMap{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: LedgerName}, ledger)
 	missing := apierrors.IsNotFound(err)

@@ -42,7 +42,7 @@ const (
 	FencedSQLState = "FL001"
 )
 
-// ErrNoRow: the row a fenced write names does not exist.
+// ErrNoRow says the row a fenced write names does not exist.
 var ErrNoRow = errors.New("no such row")
 
 // DB is what the guards need: *pgx.Conn, *pgxpool.Pool and pgx.Tx all are.

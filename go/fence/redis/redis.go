@@ -30,7 +30,7 @@ var Library string
 // FencedCode starts the error reply of a refused token: FENCED <presented> <highest>.
 const FencedCode = "FENCED"
 
-// ErrKey: a key the guard cannot fence (braces but no hash tag).
+// ErrKey is a key the guard cannot fence (braces but no hash tag).
 var ErrKey = errors.New("unusable Redis key")
 
 // Load loads (or replaces) Library on the server.
