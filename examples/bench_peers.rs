@@ -371,6 +371,29 @@ impl Drop for Proc {
     }
 }
 
+/// A candidate in Go (client-go's or the Go library's): both take the same flags and wait for
+/// a line on stdin once ready.
+fn go_candidate(
+    bin: Option<&PathBuf>,
+    flag: &str,
+    namespace: &str,
+    lease: &str,
+    identity: &str,
+) -> Res<Command> {
+    let bin = bin.ok_or(format!("{flag} is not set"))?;
+    let mut c = Command::new(bin);
+    c.args([
+        "-namespace",
+        namespace,
+        "-name",
+        lease,
+        "-identity",
+        identity,
+    ])
+    .arg("-wait-stdin");
+    Ok(c)
+}
+
 struct Bench {
     args: Args,
     client: kube::Client,
@@ -412,43 +435,22 @@ impl Bench {
                 Proc::spawn(c)?
             }
             System::ClientGo(d, r, p) => {
-                let bin = self
-                    .args
-                    .leaderelection
-                    .as_ref()
-                    .ok_or("--leaderelection is not set")?;
-                let mut c = Command::new(bin);
-                c.args([
-                    "-namespace",
-                    &self.ns,
-                    "-name",
-                    lease,
-                    "-identity",
-                    &identity,
-                    "-wait-stdin",
-                ]);
+                let bin = self.args.leaderelection.as_ref();
+                let mut c = go_candidate(bin, "--leaderelection", &self.ns, lease, &identity)?;
                 c.args(["-lease-duration", &format!("{}ms", d.as_millis())]);
                 c.args(["-renew-deadline", &format!("{}ms", r.as_millis())]);
                 c.args(["-retry-period", &format!("{}ms", p.as_millis())]);
                 Proc::spawn(c)?
             }
             System::Go(_) => {
-                let bin = self
-                    .args
-                    .go_candidate
-                    .as_ref()
-                    .ok_or("--go-candidate is not set")?;
-                let mut c = Command::new(bin);
-                c.args([
-                    "-namespace",
+                let bin = self.args.go_candidate.as_ref();
+                Proc::spawn(go_candidate(
+                    bin,
+                    "--go-candidate",
                     &self.ns,
-                    "-name",
                     lease,
-                    "-identity",
                     &identity,
-                    "-wait-stdin",
-                ]);
-                Proc::spawn(c)?
+                )?)?
             }
             System::Cli(_) => {
                 // No "ready": the CLI is timed from its start, as a user's shell sees it.
