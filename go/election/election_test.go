@@ -2,6 +2,7 @@ package election_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -127,6 +128,22 @@ func TestLeadersTakeTurnsAndTheLoserCampaignsAgain(t *testing.T) {
 			return fmt.Errorf("b sees %q", b.le.GetLeader())
 		}
 		return nil
+	})
+	// b's claim queues behind a's before a loses: a candidate that lost campaigns again at
+	// once, and a claim of a's made before b's would be granted first.
+	testenv.Eventually(t, "b's claim to queue", 10*time.Second, func() error {
+		call, cancel := testenv.Call()
+		defer cancel()
+		var claims v1alpha1.FencedLeaseClaimList
+		if err := admin.List(call, &claims, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, c := range claims.Items {
+			if c.Spec.HolderIdentity == "b" && c.Status != nil && c.Status.Phase == v1alpha1.ClaimPending {
+				return nil
+			}
+		}
+		return errors.New("no Pending claim of b")
 	})
 	// a loses its lease: its claim is deleted (as an admin cleaning up would).
 	var claims v1alpha1.FencedLeaseClaimList
