@@ -53,7 +53,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let args = Args::parse();
-    let client = Client::try_default().await?;
+    // kube's Client::try_default(), with TCP_NODELAY (see fenced_lease::client).
+    let client = fenced_lease::client::infer().await?;
     // SIGTERM (a rolling update, `kubectl delete pod`) and Ctrl-C end the election: the
     // leader releases the lease at once instead of making the next one wait for expiry.
     let shutdown = CancellationToken::new();

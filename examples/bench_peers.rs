@@ -113,7 +113,7 @@ fn wait_for_go() {
 }
 
 async fn run_candidate(candidate: Candidate) -> Res<()> {
-    let client = kube::Client::try_default().await?;
+    let client = fenced_lease::client::infer().await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     match candidate {
         Candidate::Fenced {
@@ -543,6 +543,7 @@ impl Bench {
             holder.signal(Signal::SIGTERM);
             let at = waiter.expect("leading", timeout).await?;
             handover.push((at - t0) as f64 / 1e6);
+            eprintln!("TRACE handover {} t0={t0} at={at}", config.name);
             holder.release().await;
             holder = waiter;
         }

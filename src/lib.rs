@@ -9,10 +9,12 @@
 //! - [`holder`]: the side that takes a lease and carries its token (library, CLI).
 //! - [`fence`]: the side that checks tokens at the protected resource.
 //! - [`backoff`]: jittered exponential backoff, for retries.
+//! - [`client`]: a Kubernetes client whose connections send at once (`TCP_NODELAY`).
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod backoff;
+pub mod client;
 pub mod fence;
 pub mod holder;
 pub mod operator;

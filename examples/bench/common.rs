@@ -882,7 +882,7 @@ pub async fn client() -> Res<Client> {
     if std::env::var_os("KUBECONFIG").is_none() {
         return fail("KUBECONFIG is not set: eval \"$(hack/control-plane up)\" first");
     }
-    Ok(Client::try_default().await?)
+    Ok(fenced_lease::client::infer().await?)
 }
 
 /// Waits for namespace `ns`'s leases to carry the operator's finalizer (it adds it before

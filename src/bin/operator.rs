@@ -78,6 +78,12 @@ struct Args {
     /// Also reconcile every lease at this interval, as a safety net.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     resync: Duration,
+
+    /// Normal Events (grants, releases) published per second at most, after a burst of ten
+    /// seconds' worth; the rest are counted in fenced_lease_events_skipped_total. Warnings are
+    /// never held back. 0: no Normal Events.
+    #[arg(long, default_value_t = 5.0)]
+    events_per_second: f64,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -216,8 +222,8 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         .map_err(|e| format!("no Kubernetes configuration: {e}"))?;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = None; // watches stream; each call has its own deadline instead
-    let client =
-        Client::try_from(config).map_err(|e| format!("cannot build a Kubernetes client: {e}"))?;
+    let client = fenced_lease::client::client(config)
+        .map_err(|e| format!("cannot build a Kubernetes client: {e}"))?;
 
     let stop = CancellationToken::new();
     let on_signal = stop.clone();
@@ -244,6 +250,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         state_namespace: args.operator_namespace.clone(),
         instance: Some(identity.clone()),
         resync: args.resync,
+        events_per_second: args.events_per_second,
     };
 
     let controllers_stop = stop.child_token();

@@ -12,7 +12,7 @@ use super::events::Events;
 use super::metrics::Metrics;
 use super::state::{
     BindingCache, Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites,
-    PendingRecords, Swept, Wakeups,
+    PendingRecords, Positions, Swept, Wakeups,
 };
 use crate::api::FencedLease;
 
@@ -52,6 +52,8 @@ pub struct Context {
     pub pods_by_lease: Arc<Index>,
     /// Each lease's next reconcile at the latest (its holder's deadline, or the resync).
     pub wakeups: Arc<Wakeups>,
+    /// Queue positions waiting to be written, off the hand-over's path.
+    pub positions: Arc<Positions>,
     /// Versions of leases and claims this operator wrote over that its caches still show.
     pub written: Arc<OwnWrites>,
     /// Leases the sweep, or the pacing of deletions, has queued whose reconcile has not finished.

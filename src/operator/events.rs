@@ -3,14 +3,21 @@
 //! counts it (`fenced_lease_events_dropped_total`) rather than hold up a grant: Events are a
 //! report, the lease and claim statuses are the record.
 //!
+//! Normal Events have a budget: a burst of [`BURST_SECONDS`] worth, then a steady rate (the
+//! operator's `--events-per-second`). An operator started over 10,000 waiting claims grants
+//! them in a minute; an Event each would be a third of its apiserver writes, for a report
+//! nobody reads 10,000 lines of. Those over the budget are counted
+//! (`fenced_lease_events_skipped_total`), and every transition still is
+//! (`fenced_lease_transitions_total`). Warnings are never budgeted.
+//!
 //! Warnings go through kube's [`Recorder`], which folds a repeated warning into one Event
 //! series with a count. Normal Events (grants, releases, expiries) are one per transition
 //! and are created directly: the Recorder keeps every Event it published in the last six
 //! minutes and scans them all on each publish: memory and a scan per grant that grow with the
 //! grant rate.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -30,21 +37,66 @@ pub const QUEUE: usize = 1024;
 /// Events being published at once (each is one apiserver write).
 const IN_FLIGHT: usize = 4;
 
+/// The budget of Normal Events starts full with this many seconds' worth.
+pub const BURST_SECONDS: f64 = 10.0;
+
 /// The sending side of the Event queue (cheap to clone).
 #[derive(Clone)]
 pub struct Events {
     tx: mpsc::Sender<(Event, ObjectReference)>,
     metrics: Arc<Metrics>,
+    normal: Arc<Mutex<Budget>>,
+}
+
+/// A token bucket: `rate` a second, at most `burst` saved up.
+#[derive(Debug)]
+pub struct Budget {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Budget {
+    /// `rate` a second after a burst of [`BURST_SECONDS`] worth (at least one).
+    pub fn new(rate: f64, now: Instant) -> Self {
+        let rate = rate.max(0.0);
+        let burst = if rate > 0.0 {
+            (rate * BURST_SECONDS).max(1.0)
+        } else {
+            0.0
+        };
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes one, if there is one at `now`.
+    pub fn take(&mut self, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + earned).min(self.burst);
+        self.at = now.max(self.at);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl Events {
     /// Starts the task that publishes queued Events with `recorder`, each within `timeout`,
-    /// until `stop` (Events still queued then are dropped).
+    /// until `stop` (Events still queued then are dropped); Normal ones at most
+    /// `normal_per_second` (after a burst).
     pub fn start(
         client: kube::Client,
         reporter: Reporter,
         metrics: Arc<Metrics>,
-        timeout: Duration,
+        (timeout, normal_per_second): (Duration, f64),
         stop: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -54,7 +106,12 @@ impl Events {
             reporter,
         };
         tokio::spawn(drain(publisher, metrics.clone(), rx, timeout, stop));
-        Self { tx, metrics }
+        let normal = Arc::new(Mutex::new(Budget::new(normal_per_second, Instant::now())));
+        Self {
+            tx,
+            metrics,
+            normal,
+        }
     }
 
     /// Queues an Event for publishing; never waits, and a failure is never fatal.
@@ -93,6 +150,13 @@ impl Events {
 
     /// Queues `event` about `on`; never waits. A full queue drops it (counted and logged).
     pub fn publish(&self, on: &ObjectReference, event: Event) {
+        if event.type_ == EventType::Normal {
+            let mut normal = self.normal.lock().unwrap_or_else(|p| p.into_inner());
+            if !normal.take(Instant::now()) {
+                self.metrics.events_skipped.inc();
+                return;
+            }
+        }
         match self.tx.try_send((event, on.clone())) {
             Ok(()) => {
                 self.metrics.events_queued.inc();
@@ -194,4 +258,26 @@ async fn drain(
         .buffer_unordered(IN_FLIGHT)
         .for_each(|()| futures::future::ready(()))
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normal_events_pass_a_burst_then_the_steady_rate() {
+        let t0 = Instant::now();
+        let mut b = Budget::new(5.0, t0);
+        let burst = (0..100).filter(|_| b.take(t0)).count();
+        assert_eq!(burst, 50, "ten seconds' worth at once");
+        // One second later: five more, not fifty.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!((0..100).filter(|_| b.take(t1)).count(), 5);
+        // Idle for a minute: the burst again, no more.
+        let t2 = t1 + Duration::from_secs(60);
+        assert_eq!((0..100).filter(|_| b.take(t2)).count(), 50);
+        // Zero: none.
+        let mut none = Budget::new(0.0, t0);
+        assert!(!none.take(t0 + Duration::from_secs(10)));
+    }
 }

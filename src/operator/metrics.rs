@@ -53,6 +53,8 @@ pub struct Metrics {
     pub events_dropped: Counter,
     /// Events the apiserver refused or did not answer in time.
     pub events_failed: Counter,
+    /// Normal Events not published: more were due than the budget lets through.
+    pub events_skipped: Counter,
 }
 
 impl Default for Metrics {
@@ -98,8 +100,15 @@ impl Default for Metrics {
             "Kubernetes Events the apiserver refused or did not answer in time",
             events_failed.clone(),
         );
+        let events_skipped = Counter::default();
+        registry.register(
+            "events_skipped",
+            "Normal Kubernetes Events (grants, releases) not published because more were due than --events-per-second lets through; fenced_lease_transitions_total counts them all",
+            events_skipped.clone(),
+        );
         Self {
             registry,
+            events_skipped,
             events_queued,
             events_dropped,
             events_failed,

@@ -293,7 +293,7 @@ impl TestNamespace {
     pub async fn holder_client(&self) -> Client {
         let mut config = self.cp.admin_config().await;
         config.read_timeout = None;
-        Client::try_from(config).expect("holder client")
+        fenced_lease::client::client(config).expect("holder client")
     }
 
     /// The admin kubeconfig path, for child processes.

@@ -272,8 +272,11 @@ async fn i1_operator_killed_after_a_grant_issues_no_token_twice_and_expires_no_o
 async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
     const ROUNDS: i64 = 20;
     let ns = TestNamespace::new("op-race").await;
-    let a = OperatorProcess::start(&ns.name, &[]);
-    let b = OperatorProcess::start(&ns.name, &[]);
+    // Every grant's Event is counted below: no Normal-Event budget (the default lets ~50 out
+    // of a quick burst of 120 through).
+    let every_event = ["--events-per-second", "10000"];
+    let a = OperatorProcess::start(&ns.name, &every_event);
+    let b = OperatorProcess::start(&ns.name, &every_event);
     let leases = ["x", "y", "z"];
     for lease in leases {
         ns.create_lease(lease, 30);

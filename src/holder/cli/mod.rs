@@ -420,7 +420,7 @@ async fn connect(global: &Global) -> Result<(Client, String), Failure> {
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
     let client =
-        Client::try_from(config).map_err(|e| failure(format!("client: {}", report(&e))))?;
+        crate::client::client(config).map_err(|e| failure(format!("client: {}", report(&e))))?;
     Ok((client, namespace))
 }
 

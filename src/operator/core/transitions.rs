@@ -112,8 +112,9 @@ pub struct ClaimWas {
 }
 
 /// What to report on a claim of lease `ns/lease` whose status goes from `was` to `desired`
-/// (`pod` is the pod it names): becoming the holder, losing the lease, its pod found missing.
-/// Only the Event fields are set: the lease's notices count the transitions.
+/// (`pod` is the pod it names): losing the lease, its pod found missing. A grant is told once,
+/// by the lease's Event naming the claim (an Event is an apiserver write: one per grant, not
+/// two). Only the Event fields are set: the lease's notices count the transitions.
 pub fn claim_notices(
     was: ClaimWas,
     desired: &FencedLeaseClaimStatus,
@@ -134,11 +135,6 @@ pub fn claim_notices(
     };
     match desired.phase {
         became if became == phase => {}
-        Some(ClaimPhase::Granted) => {
-            let token = desired.fencing_token.unwrap_or_default();
-            let note = format!("holds lease {lease} with token {token}");
-            notices.push(notice(EventType::Normal, "Granted", "Grant", note));
-        }
         Some(became @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => {
             let reason = if became == ClaimPhase::Expired {
                 "Expired"
@@ -315,7 +311,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_is_told_when_it_holds_loses_or_its_pod_is_missing_once_each() {
+    fn a_claim_is_told_when_it_loses_or_its_pod_is_missing_once_each() {
         let pending = ClaimWas {
             phase: Some(ClaimPhase::Pending),
             pod_missing: false,
@@ -326,12 +322,10 @@ mod tests {
                 .map(|n| (n.reason, n.note))
                 .collect::<Vec<_>>()
         };
+        // A grant is told on the lease (naming the claim), not again on the claim: one Event
+        // per grant.
         let granted = claim_status(ClaimPhase::Granted, None);
-        assert_eq!(
-            said(pending, &granted),
-            [("Granted", "holds lease db with token 9".to_string())]
-        );
-        // Already granted: a repeat of the same phase says nothing.
+        assert!(said(pending, &granted).is_empty());
         let holding = ClaimWas {
             phase: Some(ClaimPhase::Granted),
             ..pending

@@ -6,6 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
+use tokio::time::Instant;
 
 use super::expire::Fresh;
 use super::pods;
@@ -18,9 +19,12 @@ use crate::operator::core::transitions::{self, ClaimWas};
 use crate::operator::error::{Result, timed};
 use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
+use crate::operator::state::positions::{self, PositionWrite};
 
 /// Brings every claim of the lease in line with the lease status: first those that lose or
-/// wait, then the holder, so no moment shows two claims `Granted`.
+/// wait, then the holder, so no moment shows two claims `Granted`. Waiting claims that only
+/// moved up the queue are left to the position writer ([`positions`](crate::operator::state::positions)):
+/// a hand-over writes O(1) claims however long the queue behind it.
 pub async fn repair(
     ctx: &Context,
     status: &FencedLeaseStatus,
@@ -30,7 +34,15 @@ pub async fn repair(
     name: &str,
 ) -> Result<()> {
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
-    for (claim, desired) in to_write(ctx, status, plan, fresh, ns, name) {
+    let (now, moves): (Vec<_>, Vec<_>) = to_write(ctx, status, plan, fresh, ns, name)
+        .into_iter()
+        .partition(|(claim, desired)| !positions::only_moved(claim.status.as_ref(), desired));
+    let moves = moves
+        .into_iter()
+        .map(|(claim, status)| PositionWrite { claim, status })
+        .collect();
+    ctx.positions.leave(ns, name, moves, Instant::now());
+    for (claim, desired) in now {
         let was = ClaimWas {
             phase: claim.status.as_ref().and_then(|s| s.phase),
             pod_missing: claim
@@ -38,7 +50,7 @@ pub async fn repair(
                 .as_ref()
                 .is_some_and(|s| s.has_condition("PodFound", "False")),
         };
-        if !write(ctx, &api, &claim, &desired).await? {
+        if !write(ctx, &api, &claim, &desired, Over::Any).await? {
             continue;
         }
         let pod = claim.spec.pod_name.as_deref();
@@ -98,19 +110,32 @@ fn to_write(
     writes
 }
 
+/// What a claim status write may replace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Over {
+    /// Whatever is stored: the status follows from the lease status just written.
+    Any,
+    /// Only the version cached (else a conflict): a status decided a while ago.
+    Cached,
+}
+
 /// Writes a claim's status; whether it was written (a claim gone, or already final, is not).
-async fn write(
+pub async fn write(
     ctx: &Context,
     api: &Api<FencedLeaseClaim>,
     claim: &CachedClaim,
     desired: &FencedLeaseClaimStatus,
+    over: Over,
 ) -> Result<bool> {
     let claim_name = claim.name_any();
-    let patch = json!({
+    let mut patch = json!({
         "apiVersion": FencedLeaseClaim::api_version(&()),
         "kind": FencedLeaseClaim::kind(&()),
         "status": desired,
     });
+    if over == Over::Cached {
+        patch["metadata"] = json!({"resourceVersion": claim.metadata.resource_version});
+    }
     let (params, patch) = (PatchParams::apply(MANAGER).force(), Patch::Apply(&patch));
     let written = timed(
         "write claim status",

@@ -31,7 +31,7 @@ use crate::operator::context::{Context, Kube};
 use crate::operator::error::truncate;
 use crate::operator::events::Events;
 use crate::operator::metrics::Metrics;
-use crate::operator::reconcile::{lease, missing_lease, orphans};
+use crate::operator::reconcile::{lease, missing_lease, orphans, positions};
 use crate::operator::state::BindingCache;
 
 /// Settings of one operator run.
@@ -47,6 +47,8 @@ pub struct Settings {
     pub instance: Option<String>,
     /// Reconcile every lease at about this interval too (jittered), as a safety net.
     pub resync: Duration,
+    /// Normal Events (grants, releases) published per second at most, after a burst.
+    pub events_per_second: f64,
 }
 
 /// Leases reconciled at once: bounds the API calls (and connections) in flight, so that an
@@ -133,6 +135,11 @@ fn workers(
     let (sweeps, concurrency) = (receivers.sweeps, SWEEP_CONCURRENCY);
     vec![
         tokio::spawn(orphans::sweep(ctx.clone(), receivers.orphans, stop.clone())),
+        tokio::spawn(positions::write_due(
+            ctx.clone(),
+            triggers.leases.clone(),
+            stop.clone(),
+        )),
         tokio::spawn(wakeups.run(triggers.leases.clone(), stop.clone())),
         // Every lease once the caches have synced (one deleted while the operator was down,
         // with no claim to trigger it, say), and after every relist, paced.
@@ -177,7 +184,7 @@ fn start_events(
         kube.client.clone(),
         reporter,
         metrics.clone(),
-        kube.timeout,
+        (kube.timeout, settings.events_per_second),
         stop.clone(),
     )
 }
@@ -205,6 +212,7 @@ fn context(
         claims_by_lease: memory.claims_by_lease.clone(),
         pods_by_lease: memory.pods_by_lease.clone(),
         wakeups: memory.wakeups.clone(),
+        positions: memory.positions.clone(),
         written: memory.written.clone(),
         swept: Default::default(),
         records: Default::default(),

@@ -7,7 +7,8 @@
 //! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
 //!   [`wakeups`]: each lease's next reconcile at the latest.
 //! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
-//!   records waiting to be written; [`bindings`]: its fence bindings as watched;
+//!   records waiting to be written; [`positions`]: queue positions waiting to be written;
+//!   [`bindings`]: its fence bindings as watched;
 //!   [`swept`]: leases queued by the sweep; [`failures`]: failed reconciles in a row.
 
 pub mod bindings;
@@ -18,6 +19,7 @@ pub mod heartbeat;
 pub mod index;
 pub mod own_writes;
 pub mod pod;
+pub mod positions;
 pub mod records;
 pub mod swept;
 pub mod wakeups;
@@ -30,6 +32,7 @@ pub use heartbeat::Heartbeats;
 pub use index::Index;
 pub use own_writes::OwnWrites;
 pub use pod::CachedPod;
+pub use positions::Positions;
 pub use records::PendingRecords;
 pub use swept::Swept;
 pub use wakeups::Wakeups;

@@ -135,7 +135,7 @@ async fn client(settings: &Settings) -> kube::Client {
         .expect("config");
     config.read_timeout = None; // holders keep watches open
     config.connect_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(config).expect("client")
+    fenced_lease::client::client(config).expect("client")
 }
 
 fn rng(settings: &Settings) -> StdRng {

@@ -59,12 +59,13 @@ where
         })
 }
 
-/// Forgets a deleted lease's metrics and timer, and sends the token annotations it left on
+/// Forgets a deleted lease's metrics, timer and queue positions, and sends the token annotations it left on
 /// pods to be removed.
 fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     metrics.forget_lease(&ns, &name);
     memory.wakeups.forget(&ns, &name);
+    memory.positions.forget(&ns, &name);
     for pod in memory.pods_by_lease.get(&ns, &name) {
         let _ = triggers.orphans.send(Orphan {
             namespace: ns.clone(),

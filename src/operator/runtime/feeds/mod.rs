@@ -25,7 +25,7 @@ use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::orphans::Orphan;
 use crate::operator::state::cache::Writer;
 use crate::operator::state::{
-    Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Wakeups,
+    Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions, Wakeups,
 };
 
 /// Where feeds send what their events ask for (cheap to clone).
@@ -85,6 +85,7 @@ pub struct Memory {
     pub heartbeats: Arc<Heartbeats>,
     pub written: Arc<OwnWrites>,
     pub wakeups: Arc<Wakeups>,
+    pub positions: Arc<Positions>,
 }
 
 /// The writing ends of [`Memory`]'s caches, one per feed.
@@ -110,6 +111,7 @@ impl Memory {
             heartbeats: Arc::default(),
             written: Arc::default(),
             wakeups: Arc::default(),
+            positions: Arc::default(),
         };
         let writers = Writers {
             leases: lease_writer,

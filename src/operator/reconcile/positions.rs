@@ -1,0 +1,99 @@
+//! The position writer: writes the queue positions the lease reconciles left
+//! ([`state::positions`](crate::operator::state::positions)) once they are due, one claim at a
+//! time and paced, so that they never sit between a hand-over and the next, nor crowd the
+//! apiserver while a queue moves.
+//!
+//! Each write is conditional on the `resourceVersion` of the claim's freshest cached copy,
+//! and made only while that copy still waits with nothing but its place to change: a position
+//! decided a while ago never overwrites a grant or an end written since. A conflict (the
+//! claim changed after the cache last saw it: a heartbeat) is tried once more on the copy its
+//! watch event brings; a second conflict sends the lease to be reconciled again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::claims::{self, Over};
+use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
+use crate::operator::context::Context;
+use crate::operator::error::Result;
+use crate::operator::state::positions;
+
+/// At most one position write per this long (100/s): a few percent of what the apiserver
+/// takes here, the rest left to grants.
+pub const PACE: Duration = Duration::from_millis(10);
+
+/// Writes due positions until `stop`; leases whose positions conflicted go to `again`.
+pub async fn write_due(
+    ctx: Arc<Context>,
+    again: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
+    stop: CancellationToken,
+) {
+    let mut last_write = Instant::now();
+    loop {
+        let (due, next) = ctx.positions.take_due(Instant::now());
+        for (ns, lease, writes) in due {
+            let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
+            for write in writes {
+                let name = write.claim.name_any();
+                let mut tries = 0;
+                let written = loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep_until(last_write + PACE * (1 + 4 * tries)) => {}
+                    }
+                    last_write = Instant::now();
+                    tries += 1;
+                    match write_one(&ctx, &api, &ns, &name, &write.status).await {
+                        Err(e) if e.is_conflict() && tries < 2 => continue,
+                        result => break result,
+                    }
+                };
+                if let Err(e) = written {
+                    if !e.is_conflict() {
+                        ctx.metrics.error(e.metric_label());
+                        tracing::debug!(lease = %lease, namespace = %ns, claim = %name, error = %e, "queue position not written");
+                    }
+                    let _ = again.send(ObjectRef::new(&lease).within(&ns));
+                    break;
+                }
+            }
+        }
+        let wake = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ctx.positions.changed.notified() => {}
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Writes `status` on claim `ns/name` if its freshest cached copy still only waits for it.
+async fn write_one(
+    ctx: &Context,
+    api: &Api<FencedLeaseClaim>,
+    ns: &str,
+    name: &str,
+    status: &FencedLeaseClaimStatus,
+) -> Result<()> {
+    let Some(claim) = ctx.claims.get(ns, name) else {
+        return Ok(()); // gone
+    };
+    let stale = ctx.written.is_superseded(
+        claim.metadata.uid.as_deref(),
+        claim.metadata.resource_version.as_deref(),
+    );
+    if stale || claim.metadata.deletion_timestamp.is_some() {
+        return Ok(()); // written over since, or going: its reconcile decides again
+    }
+    let written = claim.status.as_ref().is_some_and(|s| s == status);
+    if !written && positions::only_moved(claim.status.as_ref(), status) {
+        claims::write(ctx, api, &claim, status, Over::Cached).await?;
+    }
+    Ok(())
+}
