@@ -543,7 +543,11 @@ impl Bench {
             holder.signal(Signal::SIGTERM);
             let at = waiter.expect("leading", timeout).await?;
             handover.push((at - t0) as f64 / 1e6);
-            eprintln!("TRACE handover {} t0={t0} at={at}", config.name);
+            // For lining samples up with the operator's log: both stamps, ns since the epoch.
+            eprintln!(
+                "hand-over {}: SIGTERM at {t0}, leading at {at}",
+                config.name
+            );
             holder.release().await;
             holder = waiter;
         }

@@ -1,4 +1,4 @@
-//! A heartbeat costs one apiserver write: the holder's own. Counted with watches on this
+//! What a heartbeat and a grant cost in apiserver writes. Counted with watches on this
 //! test's namespace (every write that changes a lease, a claim or an Event there shows up as
 //! one watch event), so other tests' writes to the same apiserver do not count.
 
@@ -105,8 +105,11 @@ async fn a_heartbeat_costs_one_apiserver_write() {
     );
 }
 
+/// Held by the tests that write pods: the next one counts the apiserver's PATCHes of pods.
+static PODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The apiserver's count of PATCH requests to pods, across the cluster (this test binary runs
-/// alone, so the others are its own).
+/// alone, and its other test that writes pods waits for [`PODS`], so the others are its own).
 async fn pod_patches(client: &kube::Client) -> f64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client
@@ -127,6 +130,7 @@ async fn pod_patches(client: &kube::Client) -> f64 {
 #[tokio::test]
 async fn a_grant_writes_the_holder_pods_annotation_once() {
     use k8s_openapi::api::core::v1::Pod;
+    let _pods = PODS.lock().await;
     let ns = TestNamespace::new("pod-writes").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     let pods: Api<Pod> = ns.api();
@@ -164,4 +168,54 @@ async fn a_grant_writes_the_holder_pods_annotation_once() {
         writes += patches as u64;
     }
     assert_eq!(writes, 5, "five grants to five pods: one pod write each");
+}
+
+/// A grant to a claim naming a pod, on a lease made while no operator ran (as when an operator
+/// starts over thousands of them), costs three writes and an Event: the lease status (the
+/// grant), the claim's status and the pod's annotation. The lease's finalizer is set at its
+/// creation by deploy/admission/lease-finalizer.yaml, not written by the operator first.
+#[tokio::test]
+async fn a_grant_on_a_new_lease_costs_three_writes_and_an_event() {
+    use k8s_openapi::api::core::v1::Pod;
+    let _pods = PODS.lock().await;
+    let ns = TestNamespace::new("grant-writes").await;
+    let pods: Api<Pod> = ns.api();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "worker"},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }))
+    .unwrap();
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("create pod");
+    ns.create_lease("l", 60);
+    ns.create_claim("c", "l", Some("worker")).await;
+    let lease = ns.api::<FencedLease>().get("l").await.expect("lease");
+    assert_eq!(
+        lease.metadata.finalizers.as_deref(),
+        Some(["fencing.dev/token-high-water-mark".to_string()].as_slice()),
+        "the finalizer is set at creation"
+    );
+
+    let writes = Arc::new(AtomicU64::new(0));
+    count_changes(ns.api::<FencedLeaseClaim>(), writes.clone()).await;
+    count_changes(ns.api::<FencedLease>(), writes.clone()).await;
+    count_changes(pods.clone(), writes.clone()).await;
+    count_changes(ns.api::<Event>(), writes.clone()).await;
+    let before = settled(&writes).await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let token = wait_for("the grant", WAIT, || ns.granted_token("c")).await;
+    wait_for("the pod's token annotation", WAIT, || async {
+        let pod = pods.get("worker").await.ok()?;
+        (pod.metadata.annotations?.get("token.fencing.dev/l")? == &token.to_string()).then_some(())
+    })
+    .await;
+    let after = settled(&writes).await;
+    eprintln!("MEASURED a grant on a new lease: {} writes", after - before);
+    assert_eq!(
+        after - before,
+        4,
+        "the lease status, the claim status, the pod annotation and one Event"
+    );
 }
