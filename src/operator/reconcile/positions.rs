@@ -34,27 +34,25 @@ pub async fn write_due(
     again: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
     stop: CancellationToken,
 ) {
-    let mut last_write = Instant::now();
+    let mut pace = Pace(Instant::now());
     loop {
         let (due, next) = ctx.positions.take_due(Instant::now());
         for (ns, lease, writes) in due {
             let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
             for write in writes {
+                if stop.is_cancelled() {
+                    return;
+                }
                 let name = write.claim.name_any();
-                let mut tries = 0;
-                let written = loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep_until(last_write + PACE * (1 + 4 * tries)) => {}
-                    }
-                    last_write = Instant::now();
-                    tries += 1;
-                    match write_one(&ctx, &api, &ns, &name, &write.status).await {
-                        Err(e) if e.is_conflict() && tries < 2 => continue,
-                        result => break result,
-                    }
-                };
-                if let Err(e) = written {
+                let mut result =
+                    write_one(&ctx, &api, (&ns, &name), &write.status, &mut pace).await;
+                if matches!(&result, Err(e) if e.is_conflict()) {
+                    // The claim changed after the cache last saw it (a heartbeat): once more,
+                    // on the copy its watch event brings.
+                    tokio::time::sleep(PACE * 4).await;
+                    result = write_one(&ctx, &api, (&ns, &name), &write.status, &mut pace).await;
+                }
+                if let Err(e) = result {
                     if !e.is_conflict() {
                         ctx.metrics.error(e.metric_label());
                         tracing::debug!(lease = %lease, namespace = %ns, claim = %name, error = %e, "queue position not written");
@@ -73,13 +71,24 @@ pub async fn write_due(
     }
 }
 
-/// Writes `status` on claim `ns/name` if its freshest cached copy still only waits for it.
+/// When the last write was sent: the next waits until [`PACE`] after it.
+struct Pace(Instant);
+
+impl Pace {
+    async fn wait(&mut self) {
+        tokio::time::sleep_until(self.0 + PACE).await;
+        self.0 = Instant::now();
+    }
+}
+
+/// Writes `status` on claim `ns/name` if its freshest cached copy still only waits for it,
+/// paced (a claim that needs no write costs no wait).
 async fn write_one(
     ctx: &Context,
     api: &Api<FencedLeaseClaim>,
-    ns: &str,
-    name: &str,
+    (ns, name): (&str, &str),
     status: &FencedLeaseClaimStatus,
+    pace: &mut Pace,
 ) -> Result<()> {
     let Some(claim) = ctx.claims.get(ns, name) else {
         return Ok(()); // gone
@@ -93,6 +102,7 @@ async fn write_one(
     }
     let written = claim.status.as_ref().is_some_and(|s| s == status);
     if !written && positions::only_moved(claim.status.as_ref(), status) {
+        pace.wait().await;
         claims::write(ctx, api, &claim, status, Over::Cached).await?;
     }
     Ok(())
