@@ -3,9 +3,9 @@
 //! hand-over and the next. So the reconcile writes what a grant needs (the lease, the claim
 //! that ends, the new holder, a new claim's first answer) and leaves position moves here. A
 //! newer set for a lease replaces the older one; the writer task
-//! ([`reconcile::positions`](crate::operator::reconcile::positions)) writes a lease's set once its
-//! queue has been still for [`QUIET`], or [`MAX_AGE`] after its positions first moved,
-//! whichever comes first, a write at a time.
+//! ([`reconcile::positions`](crate::operator::reconcile::positions)) writes a lease's set once no
+//! reconcile of the lease has left a newer one for [`QUIET`], or [`MAX_AGE`] after its positions
+//! first moved, whichever comes first, a write at a time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,8 +24,9 @@ pub const QUIET: Duration = Duration::from_millis(250);
 /// ... or its positions have been out of date this long, under a steady stream of hand-overs.
 pub const MAX_AGE: Duration = Duration::from_secs(5);
 
-/// One waiting claim's new position, as decided on its cached copy (whose `resourceVersion`
-/// the write is conditional on).
+/// One waiting claim's new position, as the reconcile decided it (the writer writes it only
+/// while the claim's freshest cached copy still just waits, conditional on that copy's
+/// `resourceVersion`).
 #[derive(Clone, Debug)]
 pub struct PositionWrite {
     pub claim: Arc<CachedClaim>,
