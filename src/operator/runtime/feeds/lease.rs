@@ -59,8 +59,8 @@ where
         })
 }
 
-/// Forgets a deleted lease's metrics, timer and queue positions, and sends the token annotations it left on
-/// pods to be removed.
+/// Forgets a deleted lease's metrics, timer and queue positions, and sends the token
+/// annotations it left on pods to be removed.
 fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     metrics.forget_lease(&ns, &name);
