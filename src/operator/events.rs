@@ -96,7 +96,8 @@ impl Events {
         client: kube::Client,
         reporter: Reporter,
         metrics: Arc<Metrics>,
-        (timeout, normal_per_second): (Duration, f64),
+        timeout: Duration,
+        normal_per_second: f64,
         stop: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);

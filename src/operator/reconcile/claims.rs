@@ -39,7 +39,10 @@ pub async fn repair(
         .partition(|(claim, desired)| !positions::only_moved(claim.status.as_ref(), desired));
     let moves = moves
         .into_iter()
-        .map(|(claim, status)| PositionWrite { claim, status })
+        .map(|(claim, status)| PositionWrite {
+            claim: claim.name_any(),
+            status,
+        })
         .collect();
     ctx.positions.leave(ns, name, moves, Instant::now());
     for (claim, desired) in now {

@@ -43,14 +43,13 @@ pub async fn write_due(
                 if stop.is_cancelled() {
                     return;
                 }
-                let name = write.claim.name_any();
-                let mut result =
-                    write_one(&ctx, &api, (&ns, &name), &write.status, &mut pace).await;
+                let name = &write.claim;
+                let mut result = write_one(&ctx, &api, (&ns, name), &write.status, &mut pace).await;
                 if matches!(&result, Err(e) if e.is_conflict()) {
                     // The claim changed after the cache last saw it (a heartbeat): once more,
                     // on the copy its watch event brings.
                     tokio::time::sleep(PACE * 4).await;
-                    result = write_one(&ctx, &api, (&ns, &name), &write.status, &mut pace).await;
+                    result = write_one(&ctx, &api, (&ns, name), &write.status, &mut pace).await;
                 }
                 if let Err(e) = result {
                     if !e.is_conflict() {

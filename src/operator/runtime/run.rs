@@ -184,7 +184,8 @@ fn start_events(
         kube.client.clone(),
         reporter,
         metrics.clone(),
-        (kube.timeout, settings.events_per_second),
+        kube.timeout,
+        settings.events_per_second,
         stop.clone(),
     )
 }

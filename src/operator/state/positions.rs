@@ -8,7 +8,7 @@
 //! first moved, whichever comes first, a write at a time.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -16,7 +16,6 @@ use tokio::time::Instant;
 
 use crate::api::{ClaimPhase, FencedLeaseClaimStatus};
 use crate::operator::names::{joined_name, split_name};
-use crate::operator::state::CachedClaim;
 use crate::operator::state::claim::CachedClaimStatus;
 
 /// A lease's queue must be still this long before its positions are written.
@@ -24,12 +23,12 @@ pub const QUIET: Duration = Duration::from_millis(250);
 /// ... or its positions have been out of date this long, under a steady stream of hand-overs.
 pub const MAX_AGE: Duration = Duration::from_secs(5);
 
-/// One waiting claim's new position, as the reconcile decided it (the writer writes it only
-/// while the claim's freshest cached copy still just waits, conditional on that copy's
-/// `resourceVersion`).
+/// One waiting claim's new position, as the reconcile decided it. The claim goes by name: the
+/// writer writes it only while the claim's freshest cached copy still just waits, conditional
+/// on that copy's `resourceVersion`.
 #[derive(Clone, Debug)]
 pub struct PositionWrite {
-    pub claim: Arc<CachedClaim>,
+    pub claim: String,
     pub status: FencedLeaseClaimStatus,
 }
 
@@ -147,16 +146,8 @@ mod tests {
     use super::*;
 
     fn write(name: &str) -> PositionWrite {
-        let spec = crate::api::FencedLeaseClaimSpec {
-            lease_name: "l".into(),
-            holder_identity: name.into(),
-            pod_name: None,
-            renew_time: None,
-        };
-        let mut claim = crate::api::FencedLeaseClaim::new(name, spec);
-        claim.metadata.namespace = Some("ns".into());
         PositionWrite {
-            claim: Arc::new(claim.into()),
+            claim: name.into(),
             status: Default::default(),
         }
     }
@@ -223,11 +214,8 @@ mod tests {
         assert_eq!(due.len(), 1);
         let (ns, lease, writes) = &due[0];
         assert_eq!((ns.as_str(), lease.as_str()), ("ns", "l"));
-        let names: Vec<_> = writes
-            .iter()
-            .map(|w| w.claim.metadata.name.clone())
-            .collect();
-        assert_eq!(names, [Some("b".to_string())]);
+        let names: Vec<_> = writes.iter().map(|w| w.claim.as_str()).collect();
+        assert_eq!(names, ["b"]);
         assert_eq!(next, None);
         assert!(p.is_empty());
 
