@@ -76,6 +76,8 @@ pub fn log_path() -> &'static PathBuf {
                 "turning on the audit log: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            // A restarted apiserver's admission learns the claim's schema anew.
+            control_plane().install_crds();
         }
         dir.join("audit.log")
     })

@@ -768,6 +768,8 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_leases() {
     let _serial = OPERATORS.lock().await;
     audit::log_path(); // turning the audit log on restarts the apiserver: not mid-test
     let home = TestNamespace::new("chart-life").await;
+    // Dropped after the release: the policies go with it however this test ends.
+    let _reinstall = ReinstallPolicies;
     let release = Release::named(&home.name);
     // The CRDs and admission policies exist already (the test harness applied crds/ and
     // deploy/admission/ with kubectl): the chart takes them over, as after an install by hand.
@@ -857,9 +859,25 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_leases() {
     assert!(gone(&["get", "clusterrole", &release.object("holder")]));
     get(&["get", "crd", "fencedleases.fencing.dev"]);
     get(&["get", "fencedlease", "kept", "-n", &home.name]);
-    // The release took over the admission policies the harness applied, and took them with
-    // it: apply them again for the tests that follow.
-    common::control_plane().install_crds();
+}
+
+/// Applies crds/ and deploy/admission/ again when dropped: a release that took over the
+/// policies the harness applied takes them with it when it goes, and the tests that follow need
+/// them, even after a failed test. It cannot panic (a drop may run while a test unwinds).
+struct ReinstallPolicies;
+
+impl Drop for ReinstallPolicies {
+    fn drop(&mut self) {
+        let cp = common::control_plane();
+        let out = Command::new(repo_root().join("hack/crds"))
+            .arg("install")
+            .env("KUBECTL", &cp.kubectl)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .output();
+        if !out.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("reinstalling crds/ and deploy/admission/: {out:?}");
+        }
+    }
 }
 
 #[tokio::test]

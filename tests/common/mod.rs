@@ -114,23 +114,13 @@ pub fn control_plane() -> &'static ControlPlane {
 
 impl ControlPlane {
     /// `kubectl apply -f crds/` and the admission policies of `deploy/admission/`, exactly as
-    /// a user installs them, and waits until the CRDs serve.
+    /// a user installs them, and waits until both kinds can be created (`hack/crds install`:
+    /// `Established` is not enough while admission has not yet seen the claim's schema).
     pub fn install_crds(&self) {
-        run(self
-            .kubectl_cmd()
-            .args(["apply", "-f"])
-            .arg(repo_root().join("crds")));
-        run(self
-            .kubectl_cmd()
-            .args(["apply", "-f"])
-            .arg(repo_root().join("deploy/admission")));
-        run(self.kubectl_cmd().args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/fencedleases.fencing.dev",
-            "crd/fencedleaseclaims.fencing.dev",
-        ]));
+        run(Command::new(repo_root().join("hack/crds"))
+            .arg("install")
+            .env("KUBECTL", &self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig));
     }
 
     /// `kubectl` with the admin kubeconfig.

@@ -171,11 +171,11 @@ async fn a_grant_writes_the_holder_pods_annotation_once() {
 }
 
 /// A grant to a claim naming a pod, on a lease made while no operator ran (as when an operator
-/// starts over thousands of them), costs three writes and an Event: the lease status (the
-/// grant), the claim's status and the pod's annotation. The lease's finalizer is set at its
-/// creation by deploy/admission/lease-finalizer.yaml, not written by the operator first.
+/// starts over thousands of them), costs four writes and an Event: the token finalizer on the
+/// lease, which must be in place before the lease's first token is issued (I1 across deletion
+/// and re-creation); the lease status (the grant); the claim's status; the pod's annotation.
 #[tokio::test]
-async fn a_grant_on_a_new_lease_costs_three_writes_and_an_event() {
+async fn a_grant_on_a_new_lease_costs_four_writes_and_an_event() {
     use k8s_openapi::api::core::v1::Pod;
     let _pods = PODS.lock().await;
     let ns = TestNamespace::new("grant-writes").await;
@@ -191,12 +191,6 @@ async fn a_grant_on_a_new_lease_costs_three_writes_and_an_event() {
         .expect("create pod");
     ns.create_lease("l", 60);
     ns.create_claim("c", "l", Some("worker")).await;
-    let lease = ns.api::<FencedLease>().get("l").await.expect("lease");
-    assert_eq!(
-        lease.metadata.finalizers.as_deref(),
-        Some(["fencing.dev/token-high-water-mark".to_string()].as_slice()),
-        "the finalizer is set at creation"
-    );
 
     let writes = Arc::new(AtomicU64::new(0));
     count_changes(ns.api::<FencedLeaseClaim>(), writes.clone()).await;
@@ -215,7 +209,13 @@ async fn a_grant_on_a_new_lease_costs_three_writes_and_an_event() {
     eprintln!("MEASURED a grant on a new lease: {} writes", after - before);
     assert_eq!(
         after - before,
-        4,
-        "the lease status, the claim status, the pod annotation and one Event"
+        5,
+        "the finalizer, the lease status, the claim status, the pod annotation and one Event"
+    );
+    let lease = ns.api::<FencedLease>().get("l").await.expect("lease");
+    assert_eq!(
+        lease.metadata.finalizers.as_deref(),
+        Some(["fencing.dev/token-high-water-mark".to_string()].as_slice()),
+        "the token finalizer"
     );
 }

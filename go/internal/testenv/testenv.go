@@ -98,15 +98,12 @@ func install(kubeconfig string) error {
 	if err != nil {
 		return err
 	}
-	root := RepoRoot()
-	for _, args := range [][]string{
-		{"apply", "-f", filepath.Join(root, "crds"), "-f", filepath.Join(root, "deploy", "admission")},
-		{"wait", "--for=condition=Established", "--timeout=60s", "crd/fencedleases.fencing.dev", "crd/fencedleaseclaims.fencing.dev"},
-	} {
-		cmd := exec.Command(kubectl, append([]string{"--kubeconfig", kubeconfig, "--request-timeout=30s"}, args...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
+	// hack/crds applies crds/ and deploy/admission/ and waits until both kinds can be
+	// created: Established is not enough while admission has not yet seen the claim's schema.
+	cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "crds"), "install")
+	cmd.Env = append(os.Environ(), "KUBECTL="+kubectl, "KUBECONFIG="+kubeconfig)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("hack/crds install: %v\n%s", err, out)
 	}
 	return nil
 }
