@@ -649,3 +649,120 @@ async fn i5_in_a_pod_the_claim_is_owned_by_the_pod_and_its_deletion_ends_the_run
     assert_eq!(status.code(), Some(76), "the hold ends with the pod");
     assert!(!alive(cmd_pid), "CMD still runs");
 }
+
+/// `status -w`: the lease as it is, then one line per change of hands (granted, released,
+/// granted again, released, deleted), and nothing else.
+#[tokio::test]
+async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::{Arc, Mutex};
+
+    let ns = TestNamespace::new("fence-watch").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("db", 30);
+    let mut watch = fence(&ns)
+        .args(["status", "db", "-w"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("status -w");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = BufReader::new(watch.stdout.take().expect("stdout"));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    // The rows' HOLDER and TOKEN columns, once `n` rows are there.
+    let rows = |n: usize| {
+        let lines = lines.clone();
+        move || {
+            let lines = lines.lock().unwrap().clone();
+            let rows: Vec<(String, String)> = lines
+                .iter()
+                .skip(1)
+                .map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    match f.as_slice() {
+                        [_, "<lease", "deleted>"] => ("<lease deleted>".into(), String::new()),
+                        [_, "<none>", token, _] => ("<none>".into(), token.to_string()),
+                        [_, holder, _, token, _] => (holder.to_string(), token.to_string()),
+                        _ => panic!("unexpected line {l:?} in {lines:#?}"),
+                    }
+                })
+                .collect();
+            async move { (rows.len() >= n).then_some(rows) }
+        }
+    };
+    let acquire = |identity: &str| {
+        let out = fence(&ns)
+            .args([
+                "acquire",
+                "db",
+                "--wait",
+                "30s",
+                "--identity",
+                identity,
+                "-o",
+                "name",
+            ])
+            .output()
+            .expect("acquire");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout(&out).trim().to_string()
+    };
+
+    wait_for("the first row", WAIT, rows(1)).await;
+    let a = acquire("a");
+    wait_for("a's grant", WAIT, rows(2)).await;
+    let out = fence(&ns)
+        .args(["release", "db", &a])
+        .output()
+        .expect("release");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the release", WAIT, rows(3)).await;
+    let b = acquire("b");
+    wait_for("b's grant", WAIT, rows(4)).await;
+    let out = fence(&ns)
+        .args(["release", "db", &b])
+        .output()
+        .expect("release");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the second release", WAIT, rows(5)).await;
+    common::run(
+        ns.kubectl()
+            .args(["delete", "fencedlease", "db", "--timeout=30s"]),
+    );
+    let seen = wait_for("the deletion", WAIT, rows(6)).await;
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let holders: Vec<&str> = seen.iter().map(|(h, _)| h.as_str()).collect();
+    assert_eq!(
+        holders,
+        ["<none>", "a", "<none>", "b", "<none>", "<lease deleted>"],
+        "{:#?}",
+        lines.lock().unwrap()
+    );
+    let tokens: Vec<i64> = seen[..5].iter().map(|(_, t)| t.parse().unwrap()).collect();
+    assert!(
+        tokens[0] < tokens[1] && tokens[1] == tokens[2] && tokens[2] < tokens[3],
+        "tokens: {tokens:?}"
+    );
+    assert_eq!(tokens[3], tokens[4], "a release keeps the last token");
+    assert_eq!(
+        lines.lock().unwrap()[0].split_whitespace().next(),
+        Some("TIME")
+    );
+}

@@ -20,9 +20,9 @@ const API_TIMEOUT: Duration = Duration::from_secs(30);
 /// `kind.group/` of claims, as `kubectl get -o name` prints them.
 const CLAIM_NAME_PREFIX: &str = "fencedleaseclaim.fencing.dev/";
 /// `kind.group/` of leases.
-const LEASE_NAME_PREFIX: &str = "fencedlease.fencing.dev/";
+pub(super) const LEASE_NAME_PREFIX: &str = "fencedlease.fencing.dev/";
 
-async fn read<T>(
+pub(super) async fn read<T>(
     what: &str,
     timeout: Option<Duration>,
     call: impl Future<Output = Result<T, kube::Error>>,
@@ -34,7 +34,7 @@ async fn read<T>(
     }
 }
 
-fn print_as<T: Serialize>(value: &T, json: bool) -> Result<(), Failure> {
+pub(super) fn print_as<T: Serialize>(value: &T, json: bool) -> Result<(), Failure> {
     let text = if json {
         serde_json::to_string_pretty(value)
             .map(|s| s + "\n")

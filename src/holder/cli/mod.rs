@@ -18,6 +18,7 @@ pub mod exit;
 pub mod report;
 mod run;
 mod signals;
+mod watch;
 
 use commands::{acquire_and_leave, list, release, status};
 
@@ -147,13 +148,22 @@ pub enum NameFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show a lease: holder, token, expiry and the waiting queue.
-    #[command(after_help = "Example:\n  kubectl fence status db-migrate -n jobs -o json")]
+    ///
+    /// With -w, a line for the lease as it is, then one each time it changes hands (a new
+    /// holder or token, nobody holding, the lease deleted), until interrupted; with -o json or
+    /// yaml, the whole status at each change.
+    #[command(
+        after_help = "Examples:\n  kubectl fence status db-migrate -n jobs -o json\n  kubectl fence status db-migrate -w"
+    )]
     Status {
         /// The FencedLease.
         lease: String,
-        /// Output format (default: a description).
+        /// Output format (default: a description; with -w, a line per change of hands).
         #[arg(short = 'o', long, value_enum)]
         output: Option<ReportFormat>,
+        /// Keep watching: print a line each time the lease changes hands.
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
     /// List the leases of the namespace with holder, token, waiting and expiry.
     #[command(
@@ -345,9 +355,16 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let (client, namespace) = connect(&cli.global).await?;
     let timeout = cli.global.request_timeout();
     match cli.command {
-        Command::Status { lease, output } => {
-            status(client, &namespace, &lease, output, timeout).await
-        }
+        Command::Status {
+            lease,
+            output,
+            watch: false,
+        } => status(client, &namespace, &lease, output, timeout).await,
+        Command::Status {
+            lease,
+            output,
+            watch: true,
+        } => watch::status(client, &namespace, &lease, output, timeout).await,
         Command::List {
             all_namespaces,
             output,
