@@ -717,30 +717,21 @@ async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
     };
 
     wait_for("the first row", WAIT, rows(1)).await;
-    let a = acquire("a");
-    wait_for("a's grant", WAIT, rows(2)).await;
-    let out = fence(&ns)
-        .args(["release", "db", &a])
-        .output()
-        .expect("release");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait_for("the release", WAIT, rows(3)).await;
-    let b = acquire("b");
-    wait_for("b's grant", WAIT, rows(4)).await;
-    let out = fence(&ns)
-        .args(["release", "db", &b])
-        .output()
-        .expect("release");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait_for("the second release", WAIT, rows(5)).await;
+    let release = |claim: &str| {
+        let out = fence(&ns)
+            .args(["release", "db", claim])
+            .output()
+            .expect("release");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    release(&acquire("a"));
+    wait_for("a's grant and release", WAIT, rows(3)).await;
+    release(&acquire("b"));
+    wait_for("b's grant and release", WAIT, rows(5)).await;
     common::run(
         ns.kubectl()
             .args(["delete", "fencedlease", "db", "--timeout=30s"]),

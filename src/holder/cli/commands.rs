@@ -46,6 +46,22 @@ pub(super) fn print_as<T: Serialize>(value: &T, json: bool) -> Result<(), Failur
     Ok(())
 }
 
+/// FencedLease `lease` of `leases`' namespace; its absence is [`Error::LeaseNotFound`].
+pub(super) async fn get_lease(
+    leases: &Api<FencedLease>,
+    lease: &str,
+    timeout: Option<Duration>,
+) -> Result<FencedLease, Failure> {
+    match read("get FencedLease", timeout, leases.get_opt(lease)).await? {
+        Some(found) => Ok(found),
+        None => Err(Error::LeaseNotFound {
+            namespace: leases.namespace().unwrap_or_default().into(),
+            lease: lease.into(),
+        }
+        .into()),
+    }
+}
+
 pub(super) async fn status(
     client: Client,
     namespace: &str,
@@ -55,13 +71,7 @@ pub(super) async fn status(
 ) -> Result<u8, Failure> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
-    let Some(found) = read("get FencedLease", timeout, leases.get_opt(lease)).await? else {
-        return Err(Error::LeaseNotFound {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        }
-        .into());
-    };
+    let found = get_lease(&leases, lease, timeout).await?;
     let claims = read(
         "list FencedLeaseClaims",
         timeout,

@@ -10,11 +10,10 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::commands::{LEASE_NAME_PREFIX, print_as, read};
+use super::commands::{LEASE_NAME_PREFIX, get_lease, print_as, read};
 use super::report::LeaseReport;
 use super::{Failure, ReportFormat, exit};
 use crate::api::{FencedLease, FencedLeaseClaim};
-use crate::holder::Error;
 
 /// What a line is printed for: who holds the lease, with which token; `None` while the lease
 /// does not exist.
@@ -60,13 +59,7 @@ pub(super) async fn status(
 ) -> Result<u8, Failure> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
-    let Some(found) = read("get FencedLease", timeout, leases.get_opt(lease)).await? else {
-        return Err(Error::LeaseNotFound {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        }
-        .into());
-    };
+    let found = get_lease(&leases, lease, timeout).await?;
     let print = |report: Option<&LeaseReport>| -> Result<(), Failure> {
         match output {
             None | Some(ReportFormat::Wide) => println!("{}", row(report, Timestamp::now())),
