@@ -757,3 +757,66 @@ async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
         Some("TIME")
     );
 }
+
+/// `kubectl fence <TAB>` through kubectl's own plugin completion (kubectl runs
+/// kubectl_complete-fence from PATH), and `kubectl fence completion bash` for the one-word
+/// command: commands, `-o` formats, the lease names of the namespace asked for, and for
+/// `release` the claims on the lease named.
+#[tokio::test]
+async fn completion_offers_commands_formats_and_the_namespaces_leases() {
+    let ns = TestNamespace::new("fence-complete").await;
+    ns.create_lease("db-migrate", 15);
+    ns.create_lease("nightly", 15);
+    ns.create_claim("waiter", "nightly", None).await;
+    ns.create_claim("other", "db-migrate", None).await;
+    let kubectl = &common::control_plane().kubectl;
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let scripts = common::repo_root().join("src/holder/cli/completion");
+    let path = std::env::join_paths(
+        [bin, scripts, kubectl.parent().unwrap().to_path_buf()]
+            .into_iter()
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let complete = |words: &[&str]| {
+        let out = Command::new(kubectl)
+            .args(["__complete", "fence"])
+            .args(words)
+            .env("PATH", &path)
+            .env("KUBECONFIG", ns.admin_kubeconfig())
+            .output()
+            .expect("kubectl __complete");
+        stdout(&out)
+    };
+    assert_eq!(complete(&["st"]), "status\n:4\n");
+    assert_eq!(complete(&["status", "-o", "j"]), "json\n:4\n");
+    assert_eq!(
+        complete(&["-n", &ns.name, "run", ""]),
+        "db-migrate\nnightly\n:4\n"
+    );
+    assert_eq!(
+        complete(&["release", "-n", &ns.name, "nightly", ""]),
+        "waiter\n:4\n",
+        "the claims on that lease"
+    );
+
+    let bash = format!(
+        "source <(kubectl-fence completion bash); COMP_WORDS=(kubectl-fence --kubeconfig {} -n {} status d); COMP_CWORD=6; _kubectl_fence; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        ns.admin_kubeconfig().display(),
+        ns.name
+    );
+    let out = Command::new("bash")
+        .args(["-c", &bash])
+        .env("PATH", &path)
+        .output()
+        .expect("bash");
+    assert_eq!(
+        stdout(&out),
+        "db-migrate\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

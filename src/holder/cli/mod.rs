@@ -14,6 +14,7 @@ use crate::holder::{Error, report};
 
 mod child;
 mod commands;
+mod complete;
 pub mod exit;
 pub mod report;
 mod run;
@@ -261,6 +262,28 @@ pub enum Command {
         #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// Print a shell completion script for `kubectl-fence` typed as one word.
+    ///
+    /// `kubectl fence <TAB>` needs no script: kubectl (1.26 and later) asks the executable
+    /// `kubectl_complete-fence` on PATH, which ships beside kubectl-fence. Commands, flags,
+    /// `-o` formats, lease names and, for `release`, claim names are completed; names are
+    /// listed from the namespace the command would act in.
+    #[command(
+        after_help = "Examples:\n  source <(kubectl fence completion bash)\n  kubectl fence completion fish | source"
+    )]
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}
+
+/// Shells `completion` writes a script for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 /// How to take a lease.
@@ -312,6 +335,9 @@ pub fn main() -> ExitCode {
     if let Some(code) = child::trampoline(&args) {
         return code;
     }
+    if args.get(1).is_some_and(|a| a == complete::REQUEST) {
+        return complete_words(&args[2..]);
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -351,7 +377,27 @@ pub fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// `kubectl-fence __complete WORDS...`: what kubectl_complete-fence and the shell scripts ask.
+fn complete_words(words: &[OsString]) -> ExitCode {
+    let words: Vec<String> = words
+        .iter()
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return ExitCode::from(exit::ERROR);
+    };
+    print!("{}", runtime.block_on(complete::reply(&words)));
+    ExitCode::from(exit::OK)
+}
+
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    if let Command::Completion { shell } = cli.command {
+        print!("{}", complete::script(shell));
+        return Ok(exit::OK);
+    }
     let (client, namespace) = connect(&cli.global).await?;
     let timeout = cli.global.request_timeout();
     match cli.command {
@@ -403,6 +449,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             )
             .await
         }
+        Command::Completion { .. } => Ok(exit::OK), // answered above, offline
     }
 }
 
