@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint fmt crds up down chart-sync chart-test image bench
+.PHONY: help demo test soak deps lint fmt crds up down chart-sync chart-test image krew bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -53,6 +53,9 @@ chart-test: ## helm lint, helm template for each supported Kubernetes minor, hel
 
 image: ## the operator's image, FROM scratch, built without a daemon (a release build; not part of test)
 	@hack/image
+
+krew: ## the kubectl plugin's krew archive and manifest in target/krew/ (a release build; not part of test)
+	@hack/krew
 
 up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 	@hack/control-plane up
