@@ -146,14 +146,7 @@ fn connection(done: &[String]) -> Global {
     args.push("list".into());
     Cli::try_parse_from(args)
         .map(|cli| cli.global)
-        .unwrap_or(Global {
-            namespace: None,
-            context: None,
-            kubeconfig: None,
-            impersonate: None,
-            impersonate_groups: vec![],
-            request_timeout: None,
-        })
+        .unwrap_or_default()
 }
 
 /// Names from the cluster: leases, or the claims on one; none when it cannot be reached

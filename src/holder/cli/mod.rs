@@ -82,7 +82,7 @@ pub struct Cli {
 }
 
 /// kubectl's connection flags, accepted before or after the command.
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct Global {
     /// Namespace (default: the kubeconfig context's, else the pod's, else "default").
     #[arg(short = 'n', long, global = true)]
