@@ -42,21 +42,17 @@ fn definition() -> ClapCommand {
     root
 }
 
-/// The flags `args` may name, with whether each takes a value.
-fn flags(command: &ClapCommand) -> Vec<(String, bool)> {
+/// The flags of `command`, long and short.
+fn flags(command: &ClapCommand) -> Vec<String> {
     let mut out = Vec::new();
     for arg in command.get_arguments().filter(|a| !a.is_positional()) {
-        let takes = arg.get_action().takes_values();
-        if let Some(long) = arg.get_long() {
-            out.push((format!("--{long}"), takes));
-        }
-        if let Some(short) = arg.get_short() {
-            out.push((format!("-{short}"), takes));
-        }
+        out.extend(arg.get_long().map(|long| format!("--{long}")));
+        out.extend(arg.get_short().map(|short| format!("-{short}")));
     }
     out
 }
 
+/// The flag of `command` that `word` names (`--flag`, `--flag=value` or `-f`).
 fn flag<'a>(command: &'a ClapCommand, word: &str) -> Option<&'a Arg> {
     let name = word.split('=').next().unwrap_or(word);
     command.get_arguments().find(|a| {
@@ -109,7 +105,7 @@ fn want(done: &[String], word: &str) -> Want {
         };
     }
     if word.starts_with('-') {
-        return Want::Words(flags(scope).into_iter().map(|(f, _)| f).collect());
+        return Want::Words(flags(scope));
     }
     let Some(command) = command else {
         let names = root
