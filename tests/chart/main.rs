@@ -868,12 +868,7 @@ struct ReinstallPolicies;
 
 impl Drop for ReinstallPolicies {
     fn drop(&mut self) {
-        let cp = common::control_plane();
-        let out = Command::new(repo_root().join("hack/crds"))
-            .arg("install")
-            .env("KUBECTL", &cp.kubectl)
-            .env("KUBECONFIG", &cp.kubeconfig)
-            .output();
+        let out = common::control_plane().install_crds_command().output();
         if !out.as_ref().is_ok_and(|o| o.status.success()) {
             eprintln!("reinstalling crds/ and deploy/admission/: {out:?}");
         }

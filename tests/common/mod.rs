@@ -117,10 +117,17 @@ impl ControlPlane {
     /// a user installs them, and waits until both kinds can be created (`hack/crds install`:
     /// `Established` is not enough while admission has not yet seen the claim's schema).
     pub fn install_crds(&self) {
-        run(Command::new(repo_root().join("hack/crds"))
-            .arg("install")
+        run(&mut self.install_crds_command());
+    }
+
+    /// The `hack/crds install` that [`Self::install_crds`] runs, for callers that must not
+    /// panic when it fails.
+    pub fn install_crds_command(&self) -> Command {
+        let mut cmd = Command::new(repo_root().join("hack/crds"));
+        cmd.arg("install")
             .env("KUBECTL", &self.kubectl)
-            .env("KUBECONFIG", &self.kubeconfig));
+            .env("KUBECONFIG", &self.kubeconfig);
+        cmd
     }
 
     /// `kubectl` with the admin kubeconfig.
