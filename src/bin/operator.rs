@@ -26,12 +26,19 @@ enum LogFormat {
 #[derive(Parser, Debug)]
 #[command(
     version,
-    after_help = "Examples:\n  fenced-lease-operator                       # all namespaces, leader election on\n  fenced-lease-operator -n team-a --leader-election=false --log-format text\n\nLog level: RUST_LOG (default info), e.g. RUST_LOG=fenced_lease=debug."
+    after_help = "Examples:\n  fenced-lease-operator                       # all namespaces, leader election on\n  fenced-lease-operator -n team-a --leader-election=false --log-format text\n  fenced-lease-operator -n team-a -n team-b   # two namespaces (or -n team-a,team-b)\n\nLog level: RUST_LOG (default info), e.g. RUST_LOG=fenced_lease=debug."
 )]
 struct Args {
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(short, long, env = "FENCED_LEASE_NAMESPACE")]
-    namespace: Option<String>,
+    /// Serve only these namespaces (repeat the flag, or separate them with commas; default:
+    /// every namespace). Each is watched on its own: the operator needs no cluster-wide read.
+    #[arg(
+        short,
+        long = "namespace",
+        env = "FENCED_LEASE_NAMESPACE",
+        value_name = "NAMESPACE",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
 
     /// Address of /metrics, /livez and /readyz.
     #[arg(
@@ -245,7 +252,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
 
     let identity = identity(&args);
     let settings = Settings {
-        namespace: args.namespace.clone(),
+        namespaces: args.namespaces.clone(),
         api_timeout: args.api_timeout,
         state_namespace: args.operator_namespace.clone(),
         instance: Some(identity.clone()),

@@ -23,19 +23,20 @@ use crate::operator::core::fence::{
 use crate::operator::error::timed;
 use crate::operator::state::BindingCache;
 
-/// Watches the operator's bindings (only those of `namespace` when the operator watches one)
-/// into `cache` through `writer` until `stop`.
+/// Watches the operator's bindings (only those of `namespaces` when the operator watches
+/// some, all when empty) into `cache` through `writer` until `stop`.
 pub fn watch(
     kube: Kube,
-    namespace: Option<String>,
+    namespaces: &[String],
     cache: BindingCache,
     writer: Writer<ValidatingAdmissionPolicyBinding>,
     triggers: UnboundedSender<ObjectRef<FencedLease>>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let mut labels = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-    if let Some(ns) = &namespace {
-        labels.push_str(&format!(",{LEASE_NAMESPACE_LABEL}={ns}"));
+    if !namespaces.is_empty() {
+        let served = namespaces.join(",");
+        labels.push_str(&format!(",{LEASE_NAMESPACE_LABEL} in ({served})"));
     }
     let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(kube.client.clone());
     let stream = watcher(api, watcher::Config::default().labels(&labels))

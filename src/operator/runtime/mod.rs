@@ -1,6 +1,7 @@
 //! Running the reconcilers: [`run`] wires one feed per watch ([`feeds`]: each keeps its caches
 //! and indexes and says which leases to reconcile) to the lease controller; [`watch`]: watches
-//! one unreadable object cannot stop; [`bindings`]: the watch of the fence bindings;
+//! one unreadable object cannot stop; [`merge`]: several namespaces watched as one;
+//! [`bindings`]: the watch of the fence bindings;
 //! [`sweep`]: every lease reconciled after a (re)list, a few at a time, and deletions paced;
 //! [`runner`]: the runner of claims of missing leases; [`leader`]: leader election; [`http`]:
 //! health and metrics endpoints.
@@ -9,6 +10,7 @@ pub mod bindings;
 pub mod feeds;
 pub mod http;
 pub mod leader;
+pub mod merge;
 pub mod run;
 pub mod runner;
 pub mod sweep;

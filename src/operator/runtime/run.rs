@@ -37,8 +37,8 @@ use crate::operator::state::BindingCache;
 /// Settings of one operator run.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Watch one namespace, or all when `None`.
-    pub namespace: Option<String>,
+    /// Watch these namespaces, or all when empty.
+    pub namespaces: Vec<String>,
     /// Namespace of the operator's own state (the token records).
     pub state_namespace: String,
     /// Deadline of every API call.
@@ -71,7 +71,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let timeout = settings.api_timeout;
-    let (kube, ns) = (Kube { client, timeout }, &settings.namespace);
+    let (kube, ns) = (Kube { client, timeout }, &settings.namespaces);
     let events = start_events(&kube, &settings, &metrics, &stop);
     let unreadable = report_unreadable(events.clone(), metrics.clone());
     let (triggers, receivers) = feeds::triggers();
@@ -92,7 +92,7 @@ pub async fn run(
     let again = triggers.leases.clone();
     tasks.push(bindings::watch(
         kube,
-        ns.clone(),
+        ns,
         bindings,
         binding_writer,
         again,
@@ -108,7 +108,7 @@ pub async fn run(
         &stop,
     ));
     tokio::spawn(mark_synced(ctx.clone(), memory, ready));
-    info!(namespace = ?settings.namespace, "controllers started");
+    info!(namespaces = ?settings.namespaces, "controllers started");
     run_lease_controller(ctx, controller_triggers, stop.clone()).await;
     stop.cancel();
     for task in tasks {

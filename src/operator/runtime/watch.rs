@@ -5,12 +5,17 @@
 
 use std::fmt::Debug;
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, future};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+
+use super::merge;
 use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseSpec};
 
 /// An object with only its metadata: enough for a cache to forget it when it is deleted.
@@ -51,9 +56,39 @@ impl Skeleton for FencedLeaseClaim {
     }
 }
 
-/// Watches `K` in `namespace` (all when `None`) with the default backoff; objects that do
+impl Skeleton for PartialObjectMeta<Pod> {
+    fn skeleton(metadata: ObjectMeta) -> Self {
+        PartialObjectMeta {
+            types: None,
+            metadata,
+            _phantom: std::marker::PhantomData,
+        }
+    }
+}
+
+/// Watches `K` in `namespaces` (all when empty) with the default backoff; objects that do
 /// not decode are passed to `unreadable` and left out (a deleted one still leaves the cache).
 pub fn watch<K>(
+    client: Client,
+    namespaces: &[String],
+    config: watcher::Config,
+    unreadable: impl Fn(&DynamicObject, &serde_json::Error) + Clone + Send + 'static,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Skeleton + Clone + Debug + Send + 'static,
+{
+    merge::each_namespace(namespaces, |namespace| {
+        watch_one(
+            client.clone(),
+            namespace,
+            config.clone(),
+            unreadable.clone(),
+        )
+    })
+}
+
+/// [`watch`] of one namespace (all when `None`).
+fn watch_one<K>(
     client: Client,
     namespace: Option<String>,
     config: watcher::Config,

@@ -10,7 +10,7 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
-use super::{Memory, Triggers, index_event, is_listed, own_writes, touched};
+use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, touched};
 use crate::api::{FencedLease, FencedLeaseClaim};
 use crate::operator::context::Kube;
 use crate::operator::runtime::watch;
@@ -18,23 +18,24 @@ use crate::operator::state::cache::{Writer, map_event};
 use crate::operator::state::heartbeat::{Heartbeats, beat_of};
 use crate::operator::state::{CachedClaim, Keyed};
 
-/// The claim watch of `namespace` (all when `None`), feeding `memory` through `writer`.
+/// The claim watch of `namespaces` (all when empty), feeding `memory` through `writer`.
 pub fn feed<U>(
     kube: &Kube,
-    namespace: &Option<String>,
+    namespaces: &[String],
     unreadable: U,
     memory: &Memory,
     mut writer: Writer<CachedClaim>,
     triggers: &Triggers,
 ) -> impl Stream<Item = Result<watcher::Event<CachedClaim>, watcher::Error>> + Send + use<U>
 where
-    U: Fn(&DynamicObject, &serde_json::Error) + Send + 'static,
+    U: Fn(&DynamicObject, &serde_json::Error) + Clone + Send + 'static,
 {
     let config = watcher::Config::default();
     let (memory, triggers) = (memory.clone(), triggers.clone());
-    let on_error = memory.heartbeats.clone();
-    watch::watch::<FencedLeaseClaim>(kube.client.clone(), namespace.clone(), config, unreadable)
+    let (on_error, cached) = (memory.heartbeats.clone(), memory.claims.clone());
+    watch::watch::<FencedLeaseClaim>(kube.client.clone(), namespaces, config, unreadable)
         .map_ok(|event| map_event(event, CachedClaim::from))
+        .map_ok(move |event| last_known(&cached, event, |c| c.metadata.uid.as_deref()))
         .inspect_ok(move |event| writer.apply(event))
         .inspect_ok(move |event| {
             let changed = observe_heartbeats(&memory.heartbeats, event);

@@ -18,10 +18,10 @@ use crate::operator::names::lease_key;
 use crate::operator::reconcile::orphans::Orphan;
 use crate::operator::runtime::watch;
 
-/// The lease watch of `namespace` (all when `None`), feeding `memory` through `writer`.
+/// The lease watch of `namespaces` (all when empty), feeding `memory` through `writer`.
 pub fn feed<U>(
     kube: &Kube,
-    namespace: &Option<String>,
+    namespaces: &[String],
     unreadable: U,
     memory: &Memory,
     writer: reflector::store::Writer<FencedLease>,
@@ -29,11 +29,11 @@ pub fn feed<U>(
     metrics: std::sync::Arc<Metrics>,
 ) -> impl Stream<Item = Result<watcher::Event<FencedLease>, watcher::Error>> + Send + use<U>
 where
-    U: Fn(&DynamicObject, &serde_json::Error) + Send + 'static,
+    U: Fn(&DynamicObject, &serde_json::Error) + Clone + Send + 'static,
 {
     let config = watcher::Config::default();
     let (memory, triggers) = (memory.clone(), triggers.clone());
-    watch::watch::<FencedLease>(kube.client.clone(), namespace.clone(), config, unreadable)
+    watch::watch::<FencedLease>(kube.client.clone(), namespaces, config, unreadable)
         .modify(prune)
         .reflect(writer)
         .inspect_ok(move |event| {

@@ -122,11 +122,11 @@ impl Memory {
     }
 }
 
-/// Starts the three feeds of `namespace` (all when `None`), until `stop`.
+/// Starts the three feeds of `namespaces` (all when empty), until `stop`.
 #[allow(clippy::too_many_arguments)]
 pub fn start<U>(
     kube: &Kube,
-    namespace: &Option<String>,
+    namespaces: &[String],
     unreadable: U,
     memory: &Memory,
     writers: Writers,
@@ -137,7 +137,7 @@ pub fn start<U>(
 where
     U: Fn(&DynamicObject, &serde_json::Error) + Clone + Send + 'static,
 {
-    let (ns, leases_writer) = (namespace, writers.leases);
+    let (ns, leases_writer) = (namespaces, writers.leases);
     let leases = lease::feed(
         kube,
         ns,
@@ -222,6 +222,24 @@ fn own_writes<K>(
             }
         }
         watcher::Event::Init | watcher::Event::InitDone => {}
+    }
+}
+
+/// A deletion with the cache's copy of the object in it when the copy is of the same object
+/// (same UID). A deletion that a merged watch inferred from a relist names the object only
+/// ([`crate::operator::runtime::merge`]); what it triggers (a claim's lease, a pod's leases)
+/// is read from the copy. Call before the cache applies the event.
+fn last_known<K: Keyed + Clone>(
+    cache: &Cache<K>,
+    event: watcher::Event<K>,
+    uid: impl Fn(&K) -> Option<&str>,
+) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Delete(o) => match cache.get(o.namespace(), o.name()) {
+            Some(copy) if uid(&copy) == uid(&o) => watcher::Event::Delete((*copy).clone()),
+            _ => watcher::Event::Delete(o),
+        },
+        other => other,
     }
 }
 

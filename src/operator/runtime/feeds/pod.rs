@@ -9,58 +9,63 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{Memory, Triggers, index_event, is_listed, own_writes, touched};
+use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, touched};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::runtime::merge;
 use crate::operator::state::CachedPod;
 use crate::operator::state::cache::{Writer, map_event};
 
-/// The pod watch of `namespace` (all when `None`), feeding `memory` through `writer`.
+/// The pod watch of `namespaces` (all when empty), feeding `memory` through `writer`.
 pub fn feed(
     kube: &Kube,
-    namespace: &Option<String>,
+    namespaces: &[String],
     memory: &Memory,
     mut writer: Writer<CachedPod>,
     triggers: &Triggers,
 ) -> impl Stream<Item = Result<watcher::Event<CachedPod>, watcher::Error>> + Send + use<> {
-    let api: Api<PartialObjectMeta<Pod>> = match namespace {
-        Some(ns) => Api::namespaced(kube.client.clone(), ns),
-        None => Api::all(kube.client.clone()),
-    };
+    let client = kube.client.clone();
     let (memory, triggers) = (memory.clone(), triggers.clone());
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .map_ok(|event| map_event(event, CachedPod::from_meta))
-        .inspect_ok(move |event| writer.apply(event))
-        .inspect_ok(move |event| {
-            own_writes(&memory.written, event, |p| {
-                (p.uid.as_deref(), p.resource_version.as_deref())
-            });
-            index_event(
-                &memory.pods_by_lease,
-                &memory.pods,
-                event,
-                CachedPod::leases,
-            );
-            if matches!(event, watcher::Event::InitDone) {
-                let _ = triggers.sweeps.try_send(());
-            }
-            for pod in touched(event) {
-                for lease in leases_of_pod(&memory, pod) {
-                    if memory.leases.get(&lease).is_none() && pod.token(&lease.name).is_some() {
-                        let _ = triggers.orphans.send(Orphan {
-                            namespace: lease.namespace.clone().unwrap_or_default(),
-                            pod: pod.name.clone(),
-                            lease: lease.name.clone(),
-                        });
-                    }
-                    if !is_listed(event) {
-                        let _ = triggers.leases.send(lease);
-                    }
+    let cached = memory.pods.clone();
+    merge::each_namespace(namespaces, move |namespace| {
+        let api: Api<PartialObjectMeta<Pod>> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), &ns),
+            None => Api::all(client.clone()),
+        };
+        watcher(api, watcher::Config::default()).default_backoff()
+    })
+    .map_ok(|event| map_event(event, CachedPod::from_meta))
+    .map_ok(move |event| last_known(&cached, event, |p| p.uid.as_deref()))
+    .inspect_ok(move |event| writer.apply(event))
+    .inspect_ok(move |event| {
+        own_writes(&memory.written, event, |p| {
+            (p.uid.as_deref(), p.resource_version.as_deref())
+        });
+        index_event(
+            &memory.pods_by_lease,
+            &memory.pods,
+            event,
+            CachedPod::leases,
+        );
+        if matches!(event, watcher::Event::InitDone) {
+            let _ = triggers.sweeps.try_send(());
+        }
+        for pod in touched(event) {
+            for lease in leases_of_pod(&memory, pod) {
+                if memory.leases.get(&lease).is_none() && pod.token(&lease.name).is_some() {
+                    let _ = triggers.orphans.send(Orphan {
+                        namespace: lease.namespace.clone().unwrap_or_default(),
+                        pod: pod.name.clone(),
+                        lease: lease.name.clone(),
+                    });
+                }
+                if !is_listed(event) {
+                    let _ = triggers.leases.send(lease);
                 }
             }
-        })
+        }
+    })
 }
 
 /// Leases a pod event concerns: those it carries a token annotation of, and those whose
