@@ -632,45 +632,65 @@ async fn the_operator_needs_every_permission_the_chart_grants_and_no_other() {
 }
 
 #[tokio::test]
-async fn limited_to_a_listed_namespace_the_operator_serves_it_through_role_bindings() {
+async fn limited_to_listed_namespaces_the_operator_serves_them_through_role_bindings() {
     let _serial = OPERATORS.lock().await;
     audit::log_path();
     let home = TestNamespace::new("chart-ns").await;
-    let work = TestNamespace::new("chart-ns-work").await;
-    let release = Release::install(
-        &home.name,
-        &[
-            "crds.enabled=false",
-            "admissionPolicies.enabled=false",
-            &format!("watchNamespaces[0]={}", work.name),
-        ],
-    );
+    let mut served = Vec::new();
+    for prefix in ["chart-ns-a", "chart-ns-b", "chart-ns-c"] {
+        served.push(TestNamespace::new(prefix).await);
+    }
+    let other = TestNamespace::new("chart-ns-other").await;
+    let mut set = vec![
+        "crds.enabled=false".to_string(),
+        "admissionPolicies.enabled=false".to_string(),
+    ];
+    for (i, ns) in served.iter().enumerate() {
+        set.push(format!("watchNamespaces[{i}]={}", ns.name));
+    }
+    let set: Vec<&str> = set.iter().map(String::as_str).collect();
+    let release = Release::install(&home.name, &set);
     let manifest = release.manifest();
     let deployment = find(&manifest, "Deployment", &release.object("operator"));
     let sa = release.object("operator");
     let granted = audit::granted_to(&home.name, &sa);
     // Cluster-wide only what is cluster-scoped: the admission bindings of fenced leases.
+    let mut namespaces: Vec<&String> = served.iter().map(|ns| &ns.name).collect();
+    namespaces.push(&home.name);
     assert!(
         granted.iter().all(|p| {
-            [Some(&home.name), Some(&work.name)].contains(&p.namespace.as_ref())
+            p.namespace
+                .as_ref()
+                .is_some_and(|ns| namespaces.contains(&ns))
                 || p.group == "admissionregistration.k8s.io"
         }),
-        "nothing namespaced cluster-wide, only the two namespaces:\n{}",
+        "nothing namespaced cluster-wide, only the release's and the three served namespaces:\n{}",
         audit::table(&granted)
     );
     let user = audit::service_account_user(&home.name, &sa);
-    wait_bindings_in_force(
-        &user,
-        &[
-            ("watch", "fencedleases.fencing.dev", Some(&work.name)),
-            ("update", "leases.coordination.k8s.io", Some(&home.name)),
-        ],
-    );
+    let mut checks: Vec<(&str, &str, Option<&String>)> = served
+        .iter()
+        .map(|ns| ("watch", "fencedleases.fencing.dev", Some(&ns.name)))
+        .collect();
+    checks.push(("update", "leases.coordination.k8s.io", Some(&home.name)));
+    let checks: Vec<(&str, &str, Option<&str>)> = checks
+        .iter()
+        .map(|(verb, resource, ns)| (*verb, *resource, ns.map(String::as_str)))
+        .collect();
+    wait_bindings_in_force(&user, &checks);
+    // A claim in a namespace it does not serve, made first: it must still be untouched after
+    // the served namespaces' leases have changed hands.
+    create_fenced_lease(&other, "l", 15);
+    other.create_claim("a", "l", None).await;
     let kubeconfig = home.service_account_kubeconfig(&sa);
     let op = ChartOperator::start(deployment, &home.name, "operator-0", &kubeconfig);
     op.wait_probes_pass(deployment).await;
 
-    explain_failure(&user, grant_and_release(&work)).await;
+    for ns in &served {
+        explain_failure(&user, grant_and_release(ns)).await;
+    }
+    let claim = other.api::<FencedLeaseClaim>().get("a").await.unwrap();
+    assert!(claim.status.is_none(), "{:?}", claim.status);
     let refused = audit::forbidden(&audit::requests_by(&user));
     assert!(refused.is_empty(), "refused:\n  {}", refused.join("\n  "));
     drop(op);
