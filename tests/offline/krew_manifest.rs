@@ -1,7 +1,7 @@
 //! The krew plugin manifest (`.krew.yaml`, rendered by `hack/krew` as krew-release-bot renders
 //! it) installs what `kubectl fence` is: the plugin `fence`, for the platform the archive is
 //! built for, whose `bin` is the `kubectl-fence` executable in the archive, at the URI and
-//! sha256 of that archive, with the completion helper beside it.
+//! sha256 of that archive, with the completion helper and the license beside it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,7 +83,9 @@ fn the_rendered_manifest_installs_the_archive_it_names() {
         assert!(listed.contains(f), "{f} is not in the archive: {listed:?}");
     }
     assert_eq!(p["bin"], "kubectl-fence");
-    assert!(files.contains(&"kubectl-fence") && files.contains(&"kubectl_complete-fence"));
+    for f in ["kubectl-fence", "kubectl_complete-fence", "LICENSE"] {
+        assert!(files.contains(&f), "the manifest does not install {f}: {files:?}");
+    }
 
     // What it unpacks runs: the plugin says its version, the helper is executable.
     let unpacked = out.join("unpacked");
