@@ -84,7 +84,10 @@ fn the_rendered_manifest_installs_the_archive_it_names() {
     }
     assert_eq!(p["bin"], "kubectl-fence");
     for f in ["kubectl-fence", "kubectl_complete-fence", "LICENSE"] {
-        assert!(files.contains(&f), "the manifest does not install {f}: {files:?}");
+        assert!(
+            files.contains(&f),
+            "the manifest does not install {f}: {files:?}"
+        );
     }
 
     // What it unpacks runs: the plugin says its version, the helper is executable.
