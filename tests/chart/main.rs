@@ -1,15 +1,17 @@
 //! The Helm chart (charts/fenced-lease), with real Helm against the test apiserver: it carries
 //! current copies of crds/, deploy/rbac/ and deploy/admission/; installed, the operator runs
 //! with the chart's ServiceAccount and needs every permission the chart grants and no other;
-//! the holder ClusterRole is all `kubectl fence` needs; upgrade and uninstall keep the CRDs and
-//! the leases; a wrong value fails the install naming it; the pod meets the restricted Pod
-//! Security profile.
+//! the holder ClusterRole is all `kubectl fence` needs; it serves listed namespaces through
+//! RoleBindings; its alerts, ServiceMonitor and dashboard install under prometheus-operator's
+//! CRDs; upgrade and uninstall keep the CRDs and the leases; a wrong value fails the install
+//! naming it; the pod meets the restricted Pod Security profile.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod audit;
 mod helm;
+mod monitoring;
 mod operator;
 
 use std::collections::BTreeMap;
@@ -631,6 +633,8 @@ async fn the_operator_needs_every_permission_the_chart_grants_and_no_other() {
     drop(op);
 }
 
+/// Installed as an on-call team would: three watched namespaces, with the alerts, the
+/// ServiceMonitor and the dashboard.
 #[tokio::test]
 async fn limited_to_listed_namespaces_the_operator_serves_them_through_role_bindings() {
     let _serial = OPERATORS.lock().await;
@@ -648,8 +652,11 @@ async fn limited_to_listed_namespaces_the_operator_serves_them_through_role_bind
     for (i, ns) in served.iter().enumerate() {
         set.push(format!("watchNamespaces[{i}]={}", ns.name));
     }
+    set.extend(monitoring::ENABLED.map(String::from));
+    monitoring::install_crds();
     let set: Vec<&str> = set.iter().map(String::as_str).collect();
     let release = Release::install(&home.name, &set);
+    monitoring::assert_installed(&release, 15);
     let manifest = release.manifest();
     let deployment = find(&manifest, "Deployment", &release.object("operator"));
     let sa = release.object("operator");
