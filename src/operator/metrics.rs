@@ -228,8 +228,11 @@ impl Collector for TransitionCounts {
 /// with the caches (nor outlive a lease). Nothing is reported before the caches exist.
 #[derive(Clone, Default)]
 pub struct LeaseGauges {
-    caches: Arc<RwLock<Option<(Store<FencedLease>, Cache<CachedClaim>)>>>,
+    caches: Arc<RwLock<Option<Caches>>>,
 }
+
+/// The caches the per-lease gauges are read from.
+type Caches = (Store<FencedLease>, Cache<CachedClaim>);
 
 impl std::fmt::Debug for LeaseGauges {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
