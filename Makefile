@@ -3,14 +3,14 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint fmt crds up down chart-sync chart-test image krew bench
+.PHONY: help demo test soak deps lint fmt crds up down chart-sync chart-test monitoring-test image krew bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
 	@hack/demo
 
-test: deps lint chart-test ## everything: lint, chart, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
+test: deps lint chart-test monitoring-test ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
 	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features && \
 	FL_OPERATOR_BIN=$(CURDIR)/target/debug/fenced-lease-operator hack/go-test; \
@@ -22,9 +22,10 @@ soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DU
 	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)); \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
-deps: ## Debian packages, Rust components, and the control-plane binaries (cached)
+deps: ## Debian packages, Rust components, the control-plane binaries, Helm and promtool (cached)
 	@hack/deps
 	@hack/helm build
+	@hack/promtool build
 
 lint: ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
 	$(CARGO) fmt --all --check
@@ -40,16 +41,23 @@ crds: ## regenerate crds/ from the Rust types in src/api/ (and the chart's copy)
 	@$(MAKE) --no-print-directory chart-sync
 
 CHART := charts/fenced-lease
-chart-sync: ## copy crds/, deploy/rbac/ and deploy/admission/ into the chart (tests/chart fails until you do)
-	rm -f $(CHART)/files/crds/*.yaml $(CHART)/files/rbac/*.yaml $(CHART)/files/admission/*.yaml
+MONITORING := deploy/monitoring/alerts.yaml deploy/monitoring/dashboard.json
+chart-sync: ## copy crds/, deploy/rbac/, deploy/admission/ and deploy/monitoring/ into the chart (tests/chart and chart-test fail until you do)
+	rm -f $(CHART)/files/crds/*.yaml $(CHART)/files/rbac/*.yaml $(CHART)/files/admission/*.yaml $(CHART)/files/monitoring/*
 	cp crds/*.yaml $(CHART)/files/crds/
 	cp deploy/rbac/operator.yaml deploy/rbac/holder-role.yaml $(CHART)/files/rbac/
 	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then mkdir -p $(CHART)/files/admission && cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
+	mkdir -p $(CHART)/files/monitoring && cp $(MONITORING) $(CHART)/files/monitoring/
 
-chart-test: ## helm lint, helm template for each supported Kubernetes minor, helm-unittest
+chart-test: ## the chart's copies of deploy/monitoring/ are current; helm lint, helm template for each supported Kubernetes minor, helm-unittest
+	@for f in $(MONITORING); do cmp -s $$f $(CHART)/files/monitoring/$${f##*/} || { echo "$(CHART)/files/monitoring/$${f##*/} differs from $$f: run make chart-sync" >&2; exit 1; }; done
 	hack/helm helm lint --strict $(CHART)
 	for v in 1.30.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
 	hack/helm unittest --strict $(CHART)
+
+monitoring-test: ## promtool: check deploy/monitoring/alerts.yaml and run its unit tests (alerts_test.yaml)
+	hack/promtool check rules deploy/monitoring/alerts.yaml
+	hack/promtool test rules deploy/monitoring/alerts_test.yaml
 
 image: ## the operator's image, FROM scratch, built without a daemon (a release build; not part of test)
 	@hack/image

@@ -266,12 +266,15 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             return finish(server).await;
         };
         let lost = leadership.lost.clone();
+        metrics.leader.set(1);
+        let leading = metrics.clone();
         let lost_leadership = tokio::select! {
             () = run::run(client, settings, metrics, ready, controllers_stop.clone()) => false,
             // Deposed: the controllers and their in-flight reconciles are dropped at once,
             // not drained, so nothing more is written once another replica may lead.
             () = lost.cancelled() => true,
         };
+        leading.leader.set(0);
         controllers_stop.cancel();
         stop.cancel();
         // The controllers have stopped: hand the Lease back so a standby takes over at once.
@@ -279,6 +282,8 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         let _ = tokio::time::timeout(args.api_timeout, leadership.renewal).await;
         lost_leadership
     } else {
+        // The only replica: it leads.
+        metrics.leader.set(1);
         run::run(client, settings, metrics, ready, controllers_stop).await;
         false
     };

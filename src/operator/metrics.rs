@@ -10,13 +10,14 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::api::FencedLease;
+use crate::api::{ClaimPhase, FencedLease};
 pub use crate::operator::core::transitions::Transition;
 use crate::operator::names::{joined_name, split_name};
+use crate::operator::state::{Cache, CachedClaim};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
@@ -45,8 +46,10 @@ pub struct Metrics {
     pub conflicts: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Histogram,
-    /// The per-lease gauges (holder, waiting claims), read from the lease cache at each scrape.
+    /// The per-lease gauges (holder, waiting claims, ...), read from the caches at each scrape.
     pub leases: LeaseGauges,
+    /// 1 while this replica leads (reconciles), 0 on a standby.
+    pub leader: Gauge,
     /// Events put on the publishing queue.
     pub events_queued: Counter,
     /// Events dropped because the publishing queue was full (never waited for).
@@ -82,6 +85,12 @@ impl Default for Metrics {
         );
         let leases = LeaseGauges::default();
         registry.register_collector(Box::new(leases.clone()));
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 on the replica that leads (reconciles leases), 0 on a standby",
+            leader.clone(),
+        );
         let events_queued = Counter::default();
         registry.register(
             "events_queued",
@@ -117,6 +126,7 @@ impl Default for Metrics {
             reconcile_errors,
             reconcile_duration,
             leases,
+            leader,
         }
     }
 }
@@ -212,27 +222,73 @@ impl Collector for TransitionCounts {
     }
 }
 
-/// `holders` and `waiting_claims` of every lease in the operator's cache, read from the
-/// leases' statuses when scraped: they cost no memory per lease, and cannot disagree with the
-/// cache (nor outlive a lease). Nothing is reported before the cache exists.
-#[derive(Clone, Debug, Default)]
+/// The per-lease gauges of every lease in the operator's cache (`holders`, `waiting_claims`,
+/// `degraded`, `lease_duration_seconds`, `oldest_waiting_claim_created_seconds`), read from
+/// the lease and claim caches when scraped: they cost no memory per lease, and cannot disagree
+/// with the caches (nor outlive a lease). Nothing is reported before the caches exist.
+#[derive(Clone, Default)]
 pub struct LeaseGauges {
-    cache: Arc<RwLock<Option<Store<FencedLease>>>>,
+    caches: Arc<RwLock<Option<Caches>>>,
+}
+
+/// The caches the per-lease gauges are read from.
+type Caches = (Store<FencedLease>, Cache<CachedClaim>);
+
+impl std::fmt::Debug for LeaseGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGauges").finish_non_exhaustive()
+    }
 }
 
 impl LeaseGauges {
-    /// Reports the leases of `cache` from now on (each run of the controllers has its own).
-    pub fn watch(&self, cache: Store<FencedLease>) {
-        *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Some(cache);
+    /// Reports the leases of `leases`, and the waiting claims of `claims`, from now on (each
+    /// run of the controllers has its own caches).
+    pub fn watch(&self, leases: Store<FencedLease>, claims: Cache<CachedClaim>) {
+        *self.caches.write().unwrap_or_else(|e| e.into_inner()) = Some((leases, claims));
     }
 }
 
 /// One gauge's value, read from a lease.
 type Reading = fn(&FencedLease) -> i64;
 
+/// Is this claim waiting for its lease (not holding, not done, not being deleted)?
+fn is_waiting(claim: &CachedClaim) -> bool {
+    claim.metadata.deletion_timestamp.is_none()
+        && matches!(
+            claim.status.as_ref().and_then(|s| s.phase),
+            None | Some(ClaimPhase::Pending)
+        )
+}
+
+/// Per lease (`namespace\0lease`), the creation time in Unix seconds of its oldest waiting
+/// claim: one pass over the claims.
+fn oldest_waiting(claims: &[Arc<CachedClaim>]) -> HashMap<String, i64> {
+    let mut oldest: HashMap<String, i64> = HashMap::new();
+    for claim in claims.iter().filter(|c| is_waiting(c)) {
+        let Some(created) = &claim.metadata.creation_timestamp else {
+            continue;
+        };
+        let key = joined_name(
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            &claim.spec.lease_name,
+        );
+        let created = created.0.as_second();
+        oldest
+            .entry(key)
+            .and_modify(|t| *t = (*t).min(created))
+            .or_insert(created);
+    }
+    oldest
+}
+
 impl Collector for LeaseGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(cache) = self.cache.read().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some((cache, claims)) = self
+            .caches
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
             return Ok(());
         };
         let leases = cache.state();
@@ -240,7 +296,7 @@ impl Collector for LeaseGauges {
             namespace: lease.namespace().unwrap_or_default(),
             lease: lease.name_any(),
         };
-        let gauges: [(&str, &str, Reading); 2] = [
+        let gauges: [(&str, &str, Reading); 4] = [
             ("holders", "1 while the lease has a holder", |l| {
                 l.status
                     .as_ref()
@@ -249,12 +305,43 @@ impl Collector for LeaseGauges {
             ("waiting_claims", "Claims waiting for the lease", |l| {
                 l.status.as_ref().map_or(0, |s| i64::from(s.waiting))
             }),
+            (
+                "degraded",
+                "1 while the lease's condition Degraded is True: no token can be issued (an unreadable token record, say), so grants have stopped",
+                |l| {
+                    l.status.as_ref().map_or(0, |s| {
+                        i64::from(
+                            s.conditions
+                                .iter()
+                                .any(|c| c.type_ == "Degraded" && c.status == "True"),
+                        )
+                    })
+                },
+            ),
+            (
+                "lease_duration_seconds",
+                "The lease's duration: the running term's, else spec.leaseDurationSeconds",
+                |l| i64::from(l.term_seconds()),
+            ),
         ];
         for (name, help, value) in gauges {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for lease in &leases {
                 let labels = labels(lease);
                 ConstGauge::new(value(lease)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let oldest = oldest_waiting(&claims.state());
+        let mut family = encoder.encode_descriptor(
+            "oldest_waiting_claim_created_seconds",
+            "Creation time (Unix seconds) of the lease's oldest waiting claim; no series while none waits",
+            None,
+            MetricType::Gauge,
+        )?;
+        for lease in &leases {
+            let labels = labels(lease);
+            if let Some(created) = oldest.get(&joined_name(&labels.namespace, &labels.lease)) {
+                ConstGauge::new(*created).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
@@ -286,7 +373,7 @@ mod tests {
             ..Default::default()
         });
         writer.apply_watcher_event(&watcher::Event::Apply(lease));
-        m.leases.watch(cache);
+        m.leases.watch(cache, Cache::new().0);
         let text = m.encode();
         assert!(text.contains(r#"fenced_lease_transitions_total{namespace="ns",lease="db",transition="Granted"} 2"#), "{text}");
         assert!(text.contains(r#"fenced_lease_transitions_total{namespace="ns",lease="db",transition="Released"} 1"#), "{text}");
@@ -307,5 +394,95 @@ mod tests {
             text.contains(r#"fenced_lease_holders{namespace="ns",lease="db"} 1"#),
             "{text}"
         );
+    }
+
+    fn lease(name: &str, spec: serde_json::Value) -> FencedLease {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
+            "metadata": {"name": name, "namespace": "ns"}, "spec": spec
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, lease: &str, created: &str, phase: Option<&str>) -> CachedClaim {
+        let mut claim = serde_json::json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+            "spec": {"leaseName": lease, "holderIdentity": name}
+        });
+        if let Some(phase) = phase {
+            claim["status"] = serde_json::json!({"phase": phase});
+        }
+        CachedClaim::from(serde_json::from_value::<crate::api::FencedLeaseClaim>(claim).unwrap())
+    }
+
+    #[test]
+    fn exposes_degraded_leases_durations_and_the_oldest_waiting_claim() {
+        let m = Metrics::default();
+        let (leases, mut lease_writer) = kube::runtime::reflector::store::<FencedLease>();
+        let mut stuck = lease("stuck", serde_json::json!({"leaseDurationSeconds": 30}));
+        stuck.status = Some(crate::api::FencedLeaseStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Degraded".into(),
+                status: "True".into(),
+                reason: "TokenRecordUnreadable".into(),
+                message: "unreadable".into(),
+                observed_generation: None,
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            }],
+            ..Default::default()
+        });
+        let mut held = lease("held", serde_json::json!({"leaseDurationSeconds": 30}));
+        // The running term's duration wins over the spec's (changed since the grant).
+        held.status = Some(crate::api::FencedLeaseStatus {
+            holder: Some(Default::default()),
+            lease_duration_seconds: Some(10),
+            ..Default::default()
+        });
+        for l in [stuck, held, lease("idle", serde_json::json!({}))] {
+            lease_writer.apply_watcher_event(&watcher::Event::Apply(l));
+        }
+        let (claims, mut claim_writer) = Cache::<CachedClaim>::new();
+        let mut deleting = claim("d", "held", "2026-01-01T00:00:00Z", None);
+        deleting.metadata.deletion_timestamp = deleting.metadata.creation_timestamp.clone();
+        for c in [
+            claim("holder", "held", "2026-01-01T00:00:01Z", Some("Granted")),
+            claim("late", "held", "2026-01-01T00:01:40Z", Some("Pending")),
+            claim("early", "held", "2026-01-01T00:00:10Z", None),
+            claim("gone", "held", "2026-01-01T00:00:02Z", Some("Expired")),
+            deleting,
+            claim("w", "stuck", "2026-01-01T00:00:20Z", Some("Pending")),
+            claim("orphan", "missing", "2026-01-01T00:00:05Z", None),
+        ] {
+            claim_writer.apply(&watcher::Event::Apply(c));
+        }
+        m.leases.watch(leases, claims);
+        m.leader.set(1);
+        let text = m.encode();
+        let has = |line: &str| assert!(text.contains(line), "{line} missing from:\n{text}");
+        has(r#"fenced_lease_degraded{namespace="ns",lease="stuck"} 1"#);
+        has(r#"fenced_lease_degraded{namespace="ns",lease="held"} 0"#);
+        has(r#"fenced_lease_lease_duration_seconds{namespace="ns",lease="held"} 10"#);
+        has(r#"fenced_lease_lease_duration_seconds{namespace="ns",lease="stuck"} 30"#);
+        has(r#"fenced_lease_lease_duration_seconds{namespace="ns",lease="idle"} 15"#);
+        // 2026-01-01T00:00:10Z: the oldest claim still waiting (not the holder, an expired
+        // claim, or one being deleted).
+        has(
+            r#"fenced_lease_oldest_waiting_claim_created_seconds{namespace="ns",lease="held"} 1767225610"#,
+        );
+        has(
+            r#"fenced_lease_oldest_waiting_claim_created_seconds{namespace="ns",lease="stuck"} 1767225620"#,
+        );
+        assert!(
+            !text.contains(
+                r#"fenced_lease_oldest_waiting_claim_created_seconds{namespace="ns",lease="idle"}"#
+            ) && !text.contains(r#"lease="missing""#),
+            "no series for a lease nobody waits for, nor for a lease that does not exist: {text}"
+        );
+        has("# TYPE fenced_lease_leader gauge\nfenced_lease_leader 1\n");
+        m.leader.set(0);
+        assert!(m.encode().contains("fenced_lease_leader 0\n"));
     }
 }

@@ -76,7 +76,9 @@ pub async fn run(
     let unreadable = report_unreadable(events.clone(), metrics.clone());
     let (triggers, receivers) = feeds::triggers();
     let (memory, writers) = Memory::new();
-    metrics.leases.watch(memory.leases.clone());
+    metrics
+        .leases
+        .watch(memory.leases.clone(), memory.claims.clone());
     let (bindings, binding_writer) = BindingCache::new();
     let ctx = context(
         &kube,
