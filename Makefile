@@ -22,10 +22,11 @@ soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DU
 	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)); \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
-deps: ## Debian packages, Rust components, the control-plane binaries, Helm and promtool (cached)
+deps: ## Debian packages, Rust components, the control-plane binaries, Helm, promtool and prometheus-operator's CRDs (cached)
 	@hack/deps
 	@hack/helm build
 	@hack/promtool build
+	@hack/prometheus-operator-crds dir >/dev/null
 
 lint: ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
 	$(CARGO) fmt --all --check
