@@ -130,6 +130,17 @@ impl ControlPlane {
         cmd
     }
 
+    /// `hack/control-plane restart` of this control plane: etcd and the apiserver stopped and
+    /// started again in place (same ports, same data), so every watch relists. Returns once
+    /// the script does, with its output, whatever came of it.
+    pub fn restart_command(&self) -> Command {
+        // The runtime directory is the kubeconfig's.
+        let run_dir = self.kubeconfig.parent().expect("runtime dir").to_path_buf();
+        let mut cmd = control_plane_script();
+        cmd.arg("restart").env("FL_CP_DIR", run_dir);
+        cmd
+    }
+
     /// `kubectl` with the admin kubeconfig.
     pub fn kubectl_cmd(&self) -> Command {
         let mut cmd = Command::new(&self.kubectl);

@@ -7,12 +7,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cli::{alive, fence, pid_from, read, scratch, spawn_logged, wait_exit};
 use common::operator::OperatorProcess;
-use common::{TestNamespace, control_plane, repo_root, wait_for};
+use common::{TestNamespace, control_plane, wait_for};
 use fenced_lease::api::FencedLease;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -65,16 +64,10 @@ async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
     .await;
 
     // Restart etcd and the apiserver in place (same ports and data).
-    let run_dir = control_plane()
-        .kubeconfig
-        .parent()
-        .expect("runtime dir")
-        .to_path_buf();
     let restarted_at = Instant::now();
     let restart = std::thread::spawn(move || {
-        Command::new(repo_root().join("hack/control-plane"))
-            .arg("restart")
-            .env("FL_CP_DIR", &run_dir)
+        control_plane()
+            .restart_command()
             .output()
             .expect("hack/control-plane restart")
     });

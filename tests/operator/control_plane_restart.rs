@@ -6,11 +6,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::operator::OperatorProcess;
-use common::{TestNamespace, control_plane, repo_root, wait_for};
+use common::{TestNamespace, control_plane, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim};
 use kube::api::DeleteParams;
 
@@ -25,17 +24,8 @@ async fn i1_tokens_survive_an_apiserver_and_etcd_restart() {
     ns.create_claim("b", "l", None).await;
     let first = wait_for("a granted", WAIT, || ns.granted_token("a")).await;
 
-    // Same data directory and ports: the runtime directory is the kubeconfig's.
-    let run_dir = control_plane()
-        .kubeconfig
-        .parent()
-        .expect("runtime dir")
-        .to_path_buf();
-    let out = Command::new(repo_root().join("hack/control-plane"))
-        .arg("restart")
-        .env("FL_CP_DIR", &run_dir)
-        .output()
-        .unwrap();
+    // Same data directory and ports.
+    let out = control_plane().restart_command().output().unwrap();
     assert!(
         out.status.success(),
         "restart: {}",

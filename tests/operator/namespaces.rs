@@ -6,11 +6,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::operator::OperatorProcess;
-use common::{TestNamespace, control_plane, http_get, repo_root, wait_for};
+use common::{TestNamespace, control_plane, http_get, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim};
 use kube::api::DeleteParams;
 
@@ -62,16 +61,7 @@ async fn serves_exactly_the_listed_namespaces_across_a_relist_of_each() {
     .await;
 
     // Every watch relists after an apiserver restart (its watch cache starts over).
-    let run_dir = control_plane()
-        .kubeconfig
-        .parent()
-        .expect("runtime dir")
-        .to_path_buf();
-    let out = Command::new(repo_root().join("hack/control-plane"))
-        .arg("restart")
-        .env("FL_CP_DIR", &run_dir)
-        .output()
-        .unwrap();
+    let out = control_plane().restart_command().output().unwrap();
     assert!(
         out.status.success(),
         "restart: {}",
