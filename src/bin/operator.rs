@@ -36,7 +36,8 @@ struct Args {
         long = "namespace",
         env = "FENCED_LEASE_NAMESPACE",
         value_name = "NAMESPACE",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = namespace_name
     )]
     namespaces: Vec<String>,
 
@@ -128,9 +129,35 @@ fn identity(args: &Args) -> String {
         .unwrap_or_else(|| format!("fenced-lease-operator-{}", std::process::id()))
 }
 
+/// A namespace's name (an RFC 1123 label), so that `-n a,` or a typo fails at start, naming
+/// it, rather than as a watch that retries for good.
+fn namespace_name(name: &str) -> Result<String, String> {
+    let valid = (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{name:?} is not a namespace name (1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// The namespaces to serve, each once, in the order given.
+fn served(mut namespaces: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    namespaces.retain(|ns| seen.insert(ns.clone()));
+    namespaces
+}
+
 fn main() -> ExitCode {
     tune_malloc();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.namespaces = served(args.namespaces);
     init_tracing(args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -316,5 +343,25 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_repeat_or_split_on_commas_and_a_bad_one_is_refused_by_name() {
+        let args =
+            Args::try_parse_from(["op", "-n", "a", "--namespace", "b,c", "-n", "a"]).unwrap();
+        assert_eq!(served(args.namespaces), ["a", "b", "c"]);
+        let args = Args::try_parse_from(["op"]).unwrap();
+        assert!(args.namespaces.is_empty(), "none given: every namespace");
+        for bad in ["a,", "Team-A", "a-", "a_b"] {
+            let error = Args::try_parse_from(["op", "-n", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("is not a namespace name"), "{bad}: {error}");
+        }
     }
 }
