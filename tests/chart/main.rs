@@ -675,15 +675,11 @@ async fn limited_to_listed_namespaces_the_operator_serves_them_through_role_bind
         audit::table(&granted)
     );
     let user = audit::service_account_user(&home.name, &sa);
-    let mut checks: Vec<(&str, &str, Option<&String>)> = served
+    let mut checks: Vec<(&str, &str, Option<&str>)> = served
         .iter()
-        .map(|ns| ("watch", "fencedleases.fencing.dev", Some(&ns.name)))
+        .map(|ns| ("watch", "fencedleases.fencing.dev", Some(ns.name.as_str())))
         .collect();
     checks.push(("update", "leases.coordination.k8s.io", Some(&home.name)));
-    let checks: Vec<(&str, &str, Option<&str>)> = checks
-        .iter()
-        .map(|(verb, resource, ns)| (*verb, *resource, ns.map(String::as_str)))
-        .collect();
     wait_bindings_in_force(&user, &checks);
     // A claim in a namespace it does not serve, made first: it must still be untouched after
     // the served namespaces' leases have changed hands.

@@ -161,14 +161,11 @@ impl<K: Resource + Skeleton> Merge<K> {
         part.listed = true;
         let missing: Vec<(String, Version)> = part
             .known
-            .iter()
-            .filter(|(name, _)| !listing.contains(*name))
-            .map(|(name, v)| (name.clone(), v.clone()))
+            .extract_if(|name, _| !listing.contains(name))
             .collect();
         let namespace = part.namespace.clone();
         let mut events = Vec::new();
         for (name, (uid, resource_version)) in missing {
-            self.parts[i].known.remove(&name);
             let metadata = ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(namespace.clone()),
