@@ -21,7 +21,7 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use kube::runtime::watcher::{self, Event};
 
-use super::watch::Skeleton;
+use super::skeleton::Skeleton;
 
 type Item<K> = Result<Event<K>, watcher::Error>;
 

@@ -1,7 +1,8 @@
 //! Running the reconcilers: [`run`] wires one feed per watch ([`feeds`]: each keeps its caches
 //! and indexes and says which leases to reconcile) to the lease controller; [`watch`]: watches
 //! one unreadable object cannot stop; [`merge`]: several namespaces watched as one;
-//! [`bindings`]: the watch of the fence bindings;
+//! [`skeleton`]: objects known by their metadata only; [`bindings`]: the watch of the fence
+//! bindings;
 //! [`sweep`]: every lease reconciled after a (re)list, a few at a time, and deletions paced;
 //! [`runner`]: the runner of claims of missing leases; [`leader`]: leader election; [`http`]:
 //! health and metrics endpoints.
@@ -13,5 +14,6 @@ pub mod leader;
 pub mod merge;
 pub mod run;
 pub mod runner;
+pub mod skeleton;
 pub mod sweep;
 pub mod watch;

@@ -12,59 +12,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::core::PartialObjectMeta;
-
 use super::merge;
-use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseSpec};
-
-/// An object with only its metadata: enough for a cache to forget it when it is deleted.
-pub trait Skeleton {
-    fn skeleton(metadata: ObjectMeta) -> Self;
-}
-
-impl Skeleton for FencedLease {
-    fn skeleton(metadata: ObjectMeta) -> Self {
-        let spec = FencedLeaseSpec {
-            lease_duration_seconds: 15,
-            min_token: 0,
-            annotate_holder_pod: true,
-            fence_objects: false,
-            fence: None,
-        };
-        FencedLease {
-            metadata,
-            spec,
-            status: None,
-        }
-    }
-}
-
-impl Skeleton for FencedLeaseClaim {
-    fn skeleton(metadata: ObjectMeta) -> Self {
-        let spec = FencedLeaseClaimSpec {
-            lease_name: String::new(),
-            holder_identity: String::new(),
-            pod_name: None,
-            renew_time: None,
-        };
-        FencedLeaseClaim {
-            metadata,
-            spec,
-            status: None,
-        }
-    }
-}
-
-impl Skeleton for PartialObjectMeta<Pod> {
-    fn skeleton(metadata: ObjectMeta) -> Self {
-        PartialObjectMeta {
-            types: None,
-            metadata,
-            _phantom: std::marker::PhantomData,
-        }
-    }
-}
+use super::skeleton::Skeleton;
 
 /// Watches `K` in `namespaces` (all when empty) with the default backoff; objects that do
 /// not decode are passed to `unreadable` and left out (a deleted one still leaves the cache).
@@ -180,6 +129,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::FencedLease;
 
     fn object(spec: serde_json::Value) -> DynamicObject {
         serde_json::from_value(json!({
