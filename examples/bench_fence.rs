@@ -36,6 +36,7 @@ use fenced_lease::api::{FenceSpec, FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 use fenced_lease::fence::kube::LEASE_POLICY;
 use fenced_lease::fence::postgres::FencedTable;
 use fenced_lease::operator::core::fence::{desired_binding, desired_kinds_binding};
+use fenced_lease::operator::core::fence_policy::desired_kinds_policy;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -133,12 +134,14 @@ where
         .create(&PostParams::default(), &namespace)
         .await?;
     let result = run(ns.clone()).await;
+    let labels = ListParams::default().labels(&format!("fencing.dev/lease-namespace={ns}"));
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     let _ = bindings
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("fencing.dev/lease-namespace={ns}")),
-        )
+        .delete_collection(&DeleteParams::default(), &labels)
+        .await;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let _ = policies
+        .delete_collection(&DeleteParams::default(), &labels)
         .await;
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
     result
@@ -393,7 +396,15 @@ async fn measure_identity_window(
         "metadata": {"name": "ident"}, "spec": {"fence": fence},
     }))?;
     leases.create(&PostParams::default(), &lease).await?;
-    // The binding the operator keeps for such a lease, applied here so no operator is needed.
+    // The policy and binding the operator keeps for such a lease, applied here so no operator
+    // is needed.
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    policies
+        .create(
+            &PostParams::default(),
+            &desired_kinds_policy(ns, "ident", &fence)?,
+        )
+        .await?;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     bindings
         .create(

@@ -12,7 +12,7 @@ use super::events::Events;
 use super::metrics::Metrics;
 use super::state::{
     BindingCache, Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites,
-    PendingRecords, Positions, Swept, Wakeups,
+    PendingRecords, PolicyCache, Positions, Swept, Wakeups,
 };
 use crate::api::FencedLease;
 
@@ -60,6 +60,8 @@ pub struct Context {
     pub swept: Swept,
     /// The operator's admission policy bindings, as watched, and when it last wrote each.
     pub fence_bindings: BindingCache,
+    /// The policies of its kinds bindings, likewise.
+    pub fence_policies: PolicyCache,
     /// Token records waiting to be written, one write per ConfigMap at a time.
     pub records: PendingRecords,
 }

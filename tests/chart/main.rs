@@ -275,12 +275,13 @@ async fn a_wrong_value_fails_the_install_naming_it() {
     assert!(deployments.stdout.is_empty(), "nothing was installed");
 }
 
-/// Creates FencedLease `name` that asks for its objects to be fenced (`spec.fenceObjects`), so
-/// that whatever the operator does for that (per-lease admission policy bindings) needs the
-/// chart's permissions too.
+/// Creates FencedLease `name` that asks for its objects to be fenced, labelled ones
+/// (`spec.fenceObjects`) and a kind (`spec.fence`), so that whatever the operator does for that
+/// (per-lease admission policy bindings, and a policy for the kind) needs the chart's
+/// permissions too.
 fn create_fenced_lease(ns: &TestNamespace, name: &str, duration_seconds: i32) {
     let out = ns.kubectl_apply(&format!(
-        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: {name}\nspec:\n  leaseDurationSeconds: {duration_seconds}\n  fenceObjects: true\n"
+        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: {name}\nspec:\n  leaseDurationSeconds: {duration_seconds}\n  fenceObjects: true\n  fence:\n    resources: [{{group: apps, resource: statefulsets}}]\n"
     ));
     assert!(
         out.status.success(),
@@ -412,36 +413,47 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     })
     .await;
 
-    // The lease's admission binding, edited by hand, is put back.
+    // The lease's admission binding, and the policy of its kinds, edited by hand, are put back.
     let binding = format!("fenced-lease.{}.l", ns.name);
-    let actions = || {
-        let out = common::control_plane()
-            .kubectl_cmd()
-            .args(["get", "validatingadmissionpolicybinding", &binding])
-            .args(["-o", "jsonpath={.spec.validationActions}"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    wait_for("the lease's binding", WAIT, || async {
-        actions().contains("Deny").then_some(())
-    })
-    .await;
-    run_ok(
-        common::control_plane()
-            .kubectl_cmd()
-            .args(["patch", "validatingadmissionpolicybinding", &binding])
-            .args([
-                "--type",
-                "merge",
-                "-p",
-                r#"{"spec":{"validationActions":["Warn"]}}"#,
-            ]),
-    );
-    wait_for("the binding put back", WAIT, || async {
-        actions().contains("Deny").then_some(())
-    })
-    .await;
+    let kinds_policy = format!("fenced-lease-kinds.{}.l", ns.name);
+    for (kind, name, field, wanted, edit) in [
+        (
+            "validatingadmissionpolicybinding",
+            &binding,
+            "{.spec.validationActions}",
+            "Deny",
+            r#"{"spec":{"validationActions":["Warn"]}}"#,
+        ),
+        (
+            "validatingadmissionpolicy",
+            &kinds_policy,
+            "{.spec.failurePolicy}",
+            "Fail",
+            r#"{"spec":{"failurePolicy":"Ignore"}}"#,
+        ),
+    ] {
+        let read = || {
+            let out = common::control_plane()
+                .kubectl_cmd()
+                .args(["get", kind, name, "-o", &format!("jsonpath={field}")])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        wait_for(&format!("{kind} {name}"), WAIT, || async {
+            read().contains(wanted).then_some(())
+        })
+        .await;
+        run_ok(
+            common::control_plane()
+                .kubectl_cmd()
+                .args(["patch", kind, name, "--type", "merge", "-p", edit]),
+        );
+        wait_for(&format!("{kind} {name} put back"), WAIT, || async {
+            read().contains(wanted).then_some(())
+        })
+        .await;
+    }
 
     // Release: b is next, at once.
     delete::<FencedLeaseClaim>(ns, "a").await;

@@ -16,8 +16,12 @@ use common::{TestNamespace, api_error_message, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION};
 use fenced_lease::fence::{self, kube::stamp_patch};
 use fenced_lease::operator::core::fence::{binding_name, desired_binding, kinds_binding_name};
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use fenced_lease::operator::core::fence_policy::desired_kinds_policy;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -364,9 +368,28 @@ async fn operator_keeps_a_binding_exactly_while_the_lease_fences_objects() {
         (rules[0].resources.as_deref()? == ["configmaps", "configmaps/*"]).then_some(())
     })
     .await;
+    let kinds_policy = || async {
+        Api::<ValidatingAdmissionPolicy>::all(ns.client.clone())
+            .get_opt(&kinds_binding_name(&ns.name, "payouts"))
+            .await
+            .expect("get policy")
+    };
+    let policy = kinds_policy()
+        .await
+        .expect("the kinds binding's own policy");
+    let constraints = policy.spec.unwrap().match_constraints.unwrap();
+    assert_eq!(
+        constraints.resource_rules.unwrap()[0].resources.as_deref(),
+        Some(&["configmaps".to_string(), "configmaps/*".to_string()][..]),
+        "the policy matches what its binding does"
+    );
     fence(serde_json::Value::Null).await;
     wait_for("the kinds binding deleted", WAIT, || async {
         kinds().await.is_none().then_some(())
+    })
+    .await;
+    wait_for("its policy deleted", WAIT, || async {
+        kinds_policy().await.is_none().then_some(())
     })
     .await;
     assert!(
@@ -380,6 +403,7 @@ async fn operator_keeps_a_binding_exactly_while_the_lease_fences_objects() {
     ns.delete_lease("payouts").await;
     assert!(binding(&ns, "payouts").await.is_none());
     assert!(kinds().await.is_none());
+    assert!(kinds_policy().await.is_none());
 
     // One left behind (its lease deleted while no operator ran) goes when an operator starts.
     let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone());
@@ -387,9 +411,22 @@ async fn operator_keeps_a_binding_exactly_while_the_lease_fences_objects() {
         .create(&PostParams::default(), &desired_binding(&ns.name, "gone"))
         .await
         .unwrap();
+    let fence: fenced_lease::api::FenceSpec =
+        serde_json::from_value(json!({"resources": [{"resource": "configmaps"}]})).unwrap();
+    let orphan = desired_kinds_policy(&ns.name, "gone", &fence).unwrap();
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
+    policies
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
     op.restart();
     wait_for("the orphaned binding deleted", WAIT, || async {
         binding(&ns, "gone").await.is_none().then_some(())
+    })
+    .await;
+    wait_for("the orphaned policy deleted", WAIT, || async {
+        let gone = policies.get_opt(&orphan.name_any()).await.unwrap();
+        gone.is_none().then_some(())
     })
     .await;
 }

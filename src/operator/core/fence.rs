@@ -1,11 +1,19 @@
 //! The lease rules of the object fence. For each FencedLease the operator keeps up to two
-//! ValidatingAdmissionPolicyBindings of policy [`LEASE_POLICY`]
-//! (`deploy/admission/fence-policy.yaml`), each with the lease itself as params
-//! (`paramRef.name`, `parameterNotFoundAction: Deny`):
+//! ValidatingAdmissionPolicyBindings of the lease rules (`deploy/admission/fence-policy.yaml`),
+//! each with the lease itself as params (`paramRef.name`, `parameterNotFoundAction: Deny`):
 //! - `fenced-lease.<ns>.<lease>`, while `spec.fenceObjects` is on: the objects of the lease's
-//!   namespace labelled `fencing.dev/lease=<lease>`;
+//!   namespace labelled `fencing.dev/lease=<lease>`, through the shared policy
+//!   [`LEASE_POLICY`], which matches labelled objects only;
 //! - `fenced-lease-kinds.<ns>.<lease>`, while `spec.fence` is set: the objects of the kinds it
-//!   names (and its selector) in the lease's namespace, every subresource included.
+//!   names (and its selector) in the lease's namespace, every subresource included, through a
+//!   policy of the lease's own of the same name ([`super::fence_policy`]), which matches only
+//!   those objects.
+//!
+//! A policy matches no more than what it fences because the apiserver refuses *every* write
+//! a policy matches while it cannot resolve the policy's params kind (for up to 30 s after it
+//! starts, before it has discovered the FencedLease CRD; kubernetes/kubernetes#124237): a
+//! policy matching every namespaced object would stop the cluster's writes meanwhile (node
+//! leases, leader elections, Events), not only the fenced ones.
 //!
 //! The apiserver then refuses a write to such an object by a pod that is not the lease's
 //! holder, or whose token is below the lease's `status.fencingToken`.
@@ -68,12 +76,23 @@ pub fn desired_binding(ns: &str, name: &str) -> ValidatingAdmissionPolicyBinding
 }
 
 /// The binding that applies the lease rules of lease `ns/name` to the objects of the kinds
-/// `fence` names, in the lease's namespace, with all their subresources.
+/// `fence` names, in the lease's namespace, with all their subresources, through the lease's
+/// own policy ([`desired_kinds_policy`](super::fence_policy::desired_kinds_policy), of the
+/// same name and the same match).
 pub fn desired_kinds_binding(
     ns: &str,
     name: &str,
     fence: &FenceSpec,
 ) -> ValidatingAdmissionPolicyBinding {
+    let policy = kinds_binding_name(ns, name);
+    let mut binding = binding(policy.clone(), ns, name, kinds_match(ns, fence));
+    binding.spec.policy_name = policy;
+    binding
+}
+
+/// What the kinds binding and policy of a lease in `ns` with `fence` match: the kinds it names
+/// with all their subresources, in `ns`, of its selector.
+pub fn kinds_match(ns: &str, fence: &FenceSpec) -> MatchResources {
     let rules = fence
         .resources
         .iter()
@@ -86,17 +105,21 @@ pub fn desired_kinds_binding(
             resource_names: None,
         })
         .collect();
-    binding(
-        kinds_binding_name(ns, name),
-        ns,
-        name,
-        MatchResources {
-            namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
-            object_selector: fence.selector.clone(),
-            resource_rules: Some(rules),
-            ..Default::default()
-        },
-    )
+    MatchResources {
+        namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
+        object_selector: fence.selector.clone(),
+        resource_rules: Some(rules),
+        ..Default::default()
+    }
+}
+
+/// The labels of the operator's fence objects (bindings, policies) of lease `ns/name`.
+pub fn labels(ns: &str, name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+        (LEASE_NAMESPACE_LABEL.to_string(), ns.to_string()),
+        (LEASE_NAME_LABEL.to_string(), name.to_string()),
+    ])
 }
 
 fn binding(
@@ -108,11 +131,7 @@ fn binding(
     ValidatingAdmissionPolicyBinding {
         metadata: ObjectMeta {
             name: Some(binding_name),
-            labels: Some(BTreeMap::from([
-                (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
-                (LEASE_NAMESPACE_LABEL.to_string(), ns.to_string()),
-                (LEASE_NAME_LABEL.to_string(), name.to_string()),
-            ])),
+            labels: Some(labels(ns, name)),
             ..Default::default()
         },
         spec: ValidatingAdmissionPolicyBindingSpec {
@@ -130,28 +149,40 @@ fn binding(
     }
 }
 
-/// A binding lease `ns/name` may have: its name, the binding to keep (`None`: delete it), and
-/// whether the spec asks for one (a binding it does not ask for is deleted only when the cache
-/// shows it; one of a lease being deleted is always asked for).
-pub type Wanted = (String, Option<ValidatingAdmissionPolicyBinding>, bool);
+/// A binding lease `ns/name` may have.
+#[derive(Debug)]
+pub struct Wanted {
+    /// The binding's name, and its own policy's when it has one.
+    pub name: String,
+    /// The binding to keep; `None`: delete it.
+    pub binding: Option<ValidatingAdmissionPolicyBinding>,
+    /// Whether the spec asks for it. A binding not asked for is deleted only when the cache
+    /// shows it; one of a lease being deleted is always asked for.
+    pub asked: bool,
+    /// Whether it uses a policy of its own of the same name, kept and deleted with it.
+    pub own_policy: bool,
+}
 
 pub fn desired_bindings(ns: &str, name: &str, lease: &FencedLease) -> [Wanted; 2] {
     let live = lease.metadata.deletion_timestamp.is_none();
     let spec = &lease.spec;
     [
-        (
-            binding_name(ns, name),
-            (spec.fence_objects && live).then(|| desired_binding(ns, name)),
-            spec.fence_objects,
-        ),
-        (
-            kinds_binding_name(ns, name),
-            spec.fence
+        Wanted {
+            name: binding_name(ns, name),
+            binding: (spec.fence_objects && live).then(|| desired_binding(ns, name)),
+            asked: spec.fence_objects,
+            own_policy: false,
+        },
+        Wanted {
+            name: kinds_binding_name(ns, name),
+            binding: spec
+                .fence
                 .as_ref()
                 .filter(|_| live)
                 .map(|fence| desired_kinds_binding(ns, name, fence)),
-            spec.fence.is_some(),
-        ),
+            asked: spec.fence.is_some(),
+            own_policy: true,
+        },
     ]
 }
 
@@ -162,12 +193,20 @@ fn selector(key: &str, value: &str) -> LabelSelector {
     }
 }
 
-/// The part of a binding's match that decides what it matches, without the defaults the
-/// apiserver adds (`matchPolicy`, empty selectors and lists).
-fn matching(m: &Option<MatchResources>) -> MatchResources {
+/// The part of a binding's or policy's match that decides what it matches, without the
+/// defaults the apiserver adds (`matchPolicy`, empty selectors and lists, a rule's scope).
+pub fn matching(m: &Option<MatchResources>) -> MatchResources {
     let m = m.clone().unwrap_or_default();
     let selector = |s: Option<LabelSelector>| s.filter(|s| *s != LabelSelector::default());
-    let rules = |r: Option<Vec<NamedRuleWithOperations>>| r.filter(|r| !r.is_empty());
+    // A rule's scope defaults to "*".
+    let rules = |r: Option<Vec<NamedRuleWithOperations>>| {
+        let scoped = |r: NamedRuleWithOperations| NamedRuleWithOperations {
+            scope: r.scope.or_else(|| Some("*".into())),
+            ..r
+        };
+        r.filter(|r| !r.is_empty())
+            .map(|r| r.into_iter().map(scoped).collect::<Vec<_>>())
+    };
     MatchResources {
         match_policy: None,
         namespace_selector: selector(m.namespace_selector),
@@ -265,8 +304,7 @@ mod tests {
             .unwrap(),
         );
         let wanted = |lease: &FencedLease| {
-            desired_bindings("ns", "books", lease)
-                .map(|(name, desired, asked)| (name, desired.is_some(), asked))
+            desired_bindings("ns", "books", lease).map(|w| (w.name, w.binding.is_some(), w.asked))
         };
         assert_eq!(
             wanted(&lease),

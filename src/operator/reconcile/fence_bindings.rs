@@ -1,6 +1,8 @@
-//! Keeps each lease's fence bindings (see [`core::fence`](crate::operator::core::fence)) in
-//! line with its spec: applied while asked for, deleted when not or when the lease goes.
+//! Keeps each lease's fence bindings (see [`core::fence`](crate::operator::core::fence)), and
+//! the policies of its kinds binding, in line with its spec: applied while asked for, deleted
+//! when not or when the lease goes.
 
+use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,33 +12,72 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
 use crate::api::FencedLease;
 use crate::fence::kube::LEASE_POLICY;
 use crate::operator::context::Context;
-use crate::operator::core::fence::{desired_bindings, is_current};
+use crate::operator::core::fence::{Wanted, desired_bindings, is_current};
+use crate::operator::core::fence_policy::{self, desired_kinds_policy};
 use crate::operator::error::{Error, Result, timed};
+use crate::operator::state::bindings::FenceObjects;
 
 /// Brings the bindings of `lease` in line with its spec: each applied while its field is
-/// set, deleted when it is not or the lease is being deleted. Returns when the bindings it
-/// keeps are in force, if that is still to come: one created or restored less than
-/// [`BINDING_SETTLE`] ago may not be enforced yet.
+/// set, deleted when it is not or the lease is being deleted; a kinds binding's own policy
+/// is applied before it and deleted after it. Returns when the objects it keeps are in force,
+/// if that is still to come: one created or restored less than
+/// [`BINDING_SETTLE`](crate::operator::core::fence::BINDING_SETTLE) ago may not be enforced yet.
 pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<Option<Instant>> {
     let ns = lease
         .namespace()
         .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
     let name = lease.name_any();
     let mut in_force = None;
-    for (binding, desired, asked) in desired_bindings(&ns, &name, lease) {
-        let cached = ctx.fence_bindings.cached(&binding);
-        match desired {
+    for wanted in desired_bindings(&ns, &name, lease) {
+        let Wanted {
+            name: object,
+            binding,
+            asked,
+            own_policy,
+        } = wanted;
+        let cached = ctx.fence_bindings.cached(&object);
+        let cached_policy = own_policy
+            .then(|| ctx.fence_policies.cached(&object))
+            .flatten();
+        match binding {
             Some(desired) => {
-                apply(ctx, lease, cached, desired).await?;
-                in_force = in_force.max(ctx.fence_bindings.settling(&binding));
+                if let Some(fence) = lease.spec.fence.as_ref().filter(|_| own_policy) {
+                    let policy =
+                        desired_kinds_policy(&ns, &name, fence).map_err(Error::Unexpected)?;
+                    let policies = &ctx.fence_policies;
+                    put(
+                        ctx,
+                        lease,
+                        policies,
+                        cached_policy,
+                        policy,
+                        fence_policy::is_current,
+                    )
+                    .await?;
+                    in_force = in_force.max(policies.settling(&object));
+                }
+                let bindings = &ctx.fence_bindings;
+                let fresh = cached.is_none();
+                put(ctx, lease, bindings, cached, desired, is_current).await?;
+                in_force = in_force.max(bindings.settling(&object));
+                if fresh && !own_policy {
+                    warn_if_policy_missing(ctx, lease).await;
+                }
             }
             // Leases that never fence objects cost no call, and no RBAC rule.
-            None if cached.is_some() || asked => remove(ctx, &ns, &name, &binding).await?,
+            None if cached.is_some() || cached_policy.is_some() || asked => {
+                remove::<ValidatingAdmissionPolicyBinding>(ctx, &ns, &name, &object).await?;
+                if own_policy {
+                    remove::<ValidatingAdmissionPolicy>(ctx, &ns, &name, &object).await?;
+                }
+            }
             None => {}
         }
     }
@@ -44,24 +85,30 @@ pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<Option<Instant>>
 }
 
 /// Creates `desired`, or puts it back whole over an edited copy.
-async fn apply(
+async fn put<K>(
     ctx: &Context,
     lease: &FencedLease,
-    cached: Option<Arc<ValidatingAdmissionPolicyBinding>>,
-    desired: ValidatingAdmissionPolicyBinding,
-) -> Result<()> {
-    if cached.as_deref().is_some_and(|b| is_current(b, &desired)) {
+    cache: &FenceObjects<K>,
+    cached: Option<Arc<K>>,
+    desired: K,
+    is_current: fn(&K, &K) -> bool,
+) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    if cached.as_deref().is_some_and(|c| is_current(c, &desired)) {
         return Ok(());
     }
-    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.kube.client.clone());
-    let binding = desired.name_any();
-    // The operator owns the whole binding: created, and put back whole (a replace on the
+    let api: Api<K> = Api::all(ctx.kube.client.clone());
+    let object = desired.name_any();
+    let kind = K::kind(&());
+    // The operator owns the whole object: created, and put back whole (a replace on the
     // resourceVersion it read, not a merge that would keep someone else's list items)
-    // when edited by hand. A binding the API has but the cache has not seen yet makes
-    // the create 409: the watch brings it, and the lease is reconciled again.
+    // when edited by hand. One the API has but the cache has not seen yet makes the create
+    // 409: the watch brings it, and the lease is reconciled again.
     match &cached {
         None => timed(
-            "create fence binding",
+            "create fence object",
             ctx.kube.timeout,
             api.create(&PostParams::default(), &desired),
         )
@@ -69,35 +116,36 @@ async fn apply(
         .map(drop),
         Some(current) => {
             let mut next = desired;
-            next.metadata.resource_version = current.metadata.resource_version.clone();
+            next.meta_mut().resource_version = current.meta().resource_version.clone();
             timed(
-                "restore fence binding",
+                "restore fence object",
                 ctx.kube.timeout,
-                api.replace(&binding, &PostParams::default(), &next),
+                api.replace(&object, &PostParams::default(), &next),
             )
             .await
             .map(drop)
         }
     }?;
-    ctx.fence_bindings.wrote(&binding);
-    info!(lease = %lease.name_any(), binding = %binding, "fence binding applied");
-    if cached.is_none() {
-        warn_if_policy_missing(ctx, lease).await;
-    }
+    cache.wrote(&object);
+    info!(lease = %lease.name_any(), %kind, name = %object, "fence object applied");
     Ok(())
 }
 
-async fn remove(ctx: &Context, ns: &str, name: &str, binding: &str) -> Result<()> {
-    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.kube.client.clone());
+async fn remove<K>(ctx: &Context, ns: &str, name: &str, object: &str) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let api: Api<K> = Api::all(ctx.kube.client.clone());
+    let kind = K::kind(&());
     match timed(
-        "delete fence binding",
+        "delete fence object",
         ctx.kube.timeout,
-        api.delete(binding, &DeleteParams::default()),
+        api.delete(object, &DeleteParams::default()),
     )
     .await
     {
         Ok(_) => {
-            info!(lease = %name, namespace = %ns, binding = %binding, "fence binding deleted")
+            info!(lease = %name, namespace = %ns, %kind, name = %object, "fence object deleted")
         }
         Err(e) if e.is_not_found() => {}
         Err(e) => return Err(e),
@@ -116,7 +164,7 @@ async fn warn_if_policy_missing(ctx: &Context, lease: &FencedLease) {
     .await
     {
         let note = format!(
-            "the lease fences objects (spec.fenceObjects or spec.fence), but ValidatingAdmissionPolicy {LEASE_POLICY} is not installed (deploy/admission/fence-policy.yaml): objects are not fenced by this lease"
+            "the lease fences labelled objects (spec.fenceObjects), but ValidatingAdmissionPolicy {LEASE_POLICY} is not installed (deploy/admission/fence-policy.yaml): they are not fenced by this lease"
         );
         warn!(lease = %lease.name_any(), "{note}");
         ctx.events.event(

@@ -1,16 +1,21 @@
-//! The watch of the operator's fence bindings: fills the [`BindingCache`], sends the lease of a
-//! binding someone else changed or deleted to be reconciled (which puts it back), and deletes
-//! the bindings of leases that are gone after every (re)list and every five minutes.
+//! The watches of the operator's fence bindings and policies: each fills its cache
+//! ([`FenceObjects`]), sends the lease of an object someone else changed or deleted to be
+//! reconciled (which puts it back), and deletes the objects of leases that are gone after
+//! every (re)list and every five minutes.
 
+use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
-use kube::ResourceExt;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -21,15 +26,31 @@ use crate::operator::core::fence::{
     LEASE_NAME_LABEL, LEASE_NAMESPACE_LABEL, MANAGED_BY, ORPHAN_SWEEP,
 };
 use crate::operator::error::timed;
-use crate::operator::state::BindingCache;
+use crate::operator::state::bindings::FenceObjects;
 
-/// Watches the operator's bindings (only those of `namespaces` when the operator watches
-/// some, all when empty) into `cache` through `writer` until `stop`.
-pub fn watch(
+/// The admission objects the operator keeps per lease.
+pub trait FenceObject:
+    Resource<DynamicType = ()> + Clone + Debug + Send + Sync + DeserializeOwned + 'static
+{
+    /// What they are, plural, for logs.
+    const WHAT: &'static str;
+}
+
+impl FenceObject for ValidatingAdmissionPolicyBinding {
+    const WHAT: &'static str = "fence bindings";
+}
+
+impl FenceObject for ValidatingAdmissionPolicy {
+    const WHAT: &'static str = "fence policies";
+}
+
+/// Watches the operator's objects of kind `K` (only those of `namespaces` when the operator
+/// watches some, all when empty) into `cache` through `writer` until `stop`.
+pub fn watch<K: FenceObject>(
     kube: Kube,
     namespaces: &[String],
-    cache: BindingCache,
-    writer: Writer<ValidatingAdmissionPolicyBinding>,
+    cache: FenceObjects<K>,
+    writer: Writer<K>,
     triggers: UnboundedSender<ObjectRef<FencedLease>>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -38,7 +59,7 @@ pub fn watch(
         let served = namespaces.join(",");
         labels.push_str(&format!(",{LEASE_NAMESPACE_LABEL} in ({served})"));
     }
-    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(kube.client.clone());
+    let api: Api<K> = Api::all(kube.client.clone());
     let stream = watcher(api, watcher::Config::default().labels(&labels))
         .default_backoff()
         .reflect(writer);
@@ -64,7 +85,7 @@ pub fn watch(
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
-                        warn!(watch = "validatingadmissionpolicybindings", error = %e, "watch failed; retrying with backoff")
+                        warn!(watch = K::WHAT, error = %e, "watch failed; retrying with backoff")
                     }
                 },
                 _ = sweep.tick() => {
@@ -75,12 +96,12 @@ pub fn watch(
     })
 }
 
-/// Deletes the bindings whose lease the API says does not exist (deleted while no operator
-/// ran its finalizer, say). A binding re-created meanwhile (another UID) is left alone.
-async fn remove_orphans(kube: Kube, bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>) {
-    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(kube.client.clone());
-    for binding in bindings {
-        let labels = binding.labels();
+/// Deletes the objects whose lease the API says does not exist (deleted while no operator
+/// ran its finalizer, say). One re-created meanwhile (another UID) is left alone.
+async fn remove_orphans<K: FenceObject>(kube: Kube, objects: Vec<Arc<K>>) {
+    let api: Api<K> = Api::all(kube.client.clone());
+    for object in objects {
+        let labels = object.labels();
         let (Some(ns), Some(name)) = (
             labels.get(LEASE_NAMESPACE_LABEL),
             labels.get(LEASE_NAME_LABEL),
@@ -92,31 +113,31 @@ async fn remove_orphans(kube: Kube, bindings: Vec<Arc<ValidatingAdmissionPolicyB
             Ok(None) => {}
             Ok(Some(_)) => continue,
             Err(e) => {
-                warn!(lease = %name, namespace = %ns, error = %e, "cannot check the lease of a fence binding");
+                warn!(lease = %name, namespace = %ns, error = %e, what = K::WHAT, "cannot check the lease of a fence object");
                 continue;
             }
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: binding.uid(),
+                uid: object.uid(),
                 resource_version: None,
             }),
             ..DeleteParams::default()
         };
-        let binding_name = binding.name_any();
+        let object_name = object.name_any();
         match timed(
-            "delete fence binding",
+            "delete fence object",
             kube.timeout,
-            api.delete(&binding_name, &params),
+            api.delete(&object_name, &params),
         )
         .await
         {
             Ok(_) => {
-                info!(lease = %name, namespace = %ns, binding = %binding_name, "deleted the fence binding of a lease that is gone")
+                info!(lease = %name, namespace = %ns, object = %object_name, what = K::WHAT, "deleted a fence object of a lease that is gone")
             }
             Err(e) if e.is_not_found() || e.is_conflict() => {}
             Err(e) => {
-                warn!(binding = %binding_name, error = %e, "cannot delete the fence binding of a lease that is gone")
+                warn!(object = %object_name, what = K::WHAT, error = %e, "cannot delete a fence object of a lease that is gone")
             }
         }
     }

@@ -32,7 +32,7 @@ use crate::operator::error::truncate;
 use crate::operator::events::Events;
 use crate::operator::metrics::Metrics;
 use crate::operator::reconcile::{lease, missing_lease, orphans, positions};
-use crate::operator::state::BindingCache;
+use crate::operator::state::{BindingCache, PolicyCache};
 
 /// Settings of one operator run.
 #[derive(Clone, Debug)]
@@ -80,23 +80,32 @@ pub async fn run(
         .leases
         .watch(memory.leases.clone(), memory.claims.clone());
     let (bindings, binding_writer) = BindingCache::new();
+    let (policies, policy_writer) = PolicyCache::new();
     let ctx = context(
         &kube,
         &settings,
         &memory,
         events,
         metrics.clone(),
-        bindings.clone(),
+        (bindings.clone(), policies.clone()),
     );
     let mut tasks = feeds::start(
         &kube, ns, unreadable, &memory, writers, &triggers, metrics, &stop,
     );
     let again = triggers.leases.clone();
     tasks.push(bindings::watch(
-        kube,
+        kube.clone(),
         ns,
         bindings,
         binding_writer,
+        again.clone(),
+        stop.clone(),
+    ));
+    tasks.push(bindings::watch(
+        kube,
+        ns,
+        policies,
+        policy_writer,
         again,
         stop.clone(),
     ));
@@ -198,7 +207,7 @@ fn context(
     memory: &Memory,
     events: Events,
     metrics: Arc<Metrics>,
-    fence_bindings: BindingCache,
+    (fence_bindings, fence_policies): (BindingCache, PolicyCache),
 ) -> Arc<Context> {
     Arc::new(Context {
         kube: kube.clone(),
@@ -220,6 +229,7 @@ fn context(
         swept: Default::default(),
         records: Default::default(),
         fence_bindings,
+        fence_policies,
     })
 }
 

@@ -8,7 +8,7 @@
 //!   [`wakeups`]: each lease's next reconcile at the latest.
 //! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
 //!   records waiting to be written; [`positions`]: queue positions waiting to be written;
-//!   [`bindings`]: its fence bindings as watched;
+//!   [`bindings`]: its fence bindings and policies as watched;
 //!   [`swept`]: leases queued by the sweep; [`failures`]: failed reconciles in a row.
 
 pub mod bindings;
@@ -24,7 +24,7 @@ pub mod records;
 pub mod swept;
 pub mod wakeups;
 
-pub use bindings::BindingCache;
+pub use bindings::{BindingCache, PolicyCache};
 pub use cache::{Cache, Keyed};
 pub use claim::CachedClaim;
 pub use failures::Failures;
