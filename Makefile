@@ -3,14 +3,21 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint fmt crds up down chart-sync chart-test monitoring-test image krew bench
+.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test monitoring-test image krew bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
 	@hack/demo
 
-test: deps lint chart-test monitoring-test ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
+test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
+	@hack/deps
+	@hack/tools start target/tools
+	@$(MAKE) --no-print-directory lint-rust
+	$(CARGO) test --locked --all-features --no-run
+	@hack/tools wait target/tools
+	@hack/go-lint
+	@$(MAKE) --no-print-directory chart-test monitoring-test
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
 	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features && \
 	FL_OPERATOR_BIN=$(CURDIR)/target/debug/fenced-lease-operator hack/go-test; \
@@ -22,17 +29,17 @@ soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DU
 	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)); \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
-deps: ## Debian packages, Rust components, the control-plane binaries, Helm, promtool and prometheus-operator's CRDs (cached)
+deps: ## Debian packages, Rust components, and the Go-built tools (hack/tools: the control plane, Helm, promtool, revive; cached)
 	@hack/deps
-	@hack/helm build
-	@hack/promtool build
-	@hack/prometheus-operator-crds dir >/dev/null
+	@hack/tools build
 
-lint: ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
+lint: lint-rust ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
+	@hack/go-lint
+
+lint-rust: ## rustfmt and clippy (with all features and with none), warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 	$(CARGO) clippy --locked --all-targets -- -D warnings
-	@hack/go-lint
 
 fmt: ## format the code
 	$(CARGO) fmt --all
