@@ -10,17 +10,25 @@ help: ## show the targets
 demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
 	@hack/demo
 
+# The Rust test binaries (Cargo.toml lists each), and those that need no more than the control
+# plane, PostgreSQL and Redis: all but the chart's, which needs Helm.
+RUST_TESTS := $(shell sed -n '/^\[\[test\]\]/{n;s/^name = "\(.*\)"/\1/p}' Cargo.toml)
+CLUSTER_TESTS := $(filter-out chart,$(RUST_TESTS))
+
 test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
 	@hack/deps
 	@hack/tools start target/tools
 	@$(MAKE) --no-print-directory lint-rust
-	$(CARGO) test --locked --all-features --no-run
-	@hack/tools wait target/tools
-	@hack/go-lint
-	@$(MAKE) --no-print-directory chart-test monitoring-test
+	$(CARGO) test --locked --all-features --lib --bins --tests --no-run
+	@hack/tools wait target/tools control-plane
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
-	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && $(CARGO) test --locked --all-features && \
-	FL_OPERATOR_BIN=$(CURDIR)/target/debug/fenced-lease-operator hack/go-test; \
+	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && \
+	$(CARGO) test --locked --all-features --lib --bins $(addprefix --test ,$(CLUSTER_TESTS)) && \
+	$(CARGO) test --locked --all-features --doc && \
+	hack/tools wait target/tools && hack/go-lint && \
+	$(MAKE) --no-print-directory chart-test monitoring-test && \
+	$(CARGO) test --locked --all-features --test chart && \
+	FL_OPERATOR_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/fenced-lease-operator hack/go-test; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
@@ -36,10 +44,10 @@ deps: ## Debian packages, Rust components, and the Go-built tools (hack/tools: t
 lint: lint-rust ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
 	@hack/go-lint
 
-lint-rust: ## rustfmt and clippy (with all features and with none), warnings are errors
+lint-rust: ## rustfmt and clippy (every target with all features; the library and binaries with none), warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --lib --bins -- -D warnings
 
 fmt: ## format the code
 	$(CARGO) fmt --all

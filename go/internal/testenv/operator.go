@@ -10,12 +10,17 @@ import (
 	"time"
 )
 
-// OperatorBinary is the operator to run: FL_OPERATOR_BIN, else target/debug's.
+// OperatorBinary is the operator to run: FL_OPERATOR_BIN, else the debug build's in
+// CARGO_TARGET_DIR or the repository's target/.
 func OperatorBinary() string {
 	if b := os.Getenv("FL_OPERATOR_BIN"); b != "" {
 		return b
 	}
-	return filepath.Join(RepoRoot(), "target", "debug", "fenced-lease-operator")
+	target := os.Getenv("CARGO_TARGET_DIR")
+	if target == "" {
+		target = filepath.Join(RepoRoot(), "target")
+	}
+	return filepath.Join(target, "debug", "fenced-lease-operator")
 }
 
 // StartOperator runs the operator for namespace ns (leader election off), as the Rust tests
