@@ -26,15 +26,13 @@ use crate::operator::state::bindings::FenceObjects;
 
 /// Brings the bindings of `lease` in line with its spec: each applied while its field is
 /// set, deleted when it is not or the lease is being deleted; a kinds binding's own policy
-/// is applied before it and deleted after it. Returns when the objects it keeps are in force,
-/// if that is still to come: one created or restored less than
-/// [`BINDING_SETTLE`](crate::operator::core::fence::BINDING_SETTLE) ago may not be enforced yet.
-pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<Option<Instant>> {
+/// is applied before it and deleted after it. Whether what it wrote is in force yet is
+/// [`settling`]'s to say.
+pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<()> {
     let ns = lease
         .namespace()
         .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
     let name = lease.name_any();
-    let mut in_force = None;
     for wanted in desired_bindings(&ns, &name, lease) {
         let Wanted {
             name: object,
@@ -61,12 +59,10 @@ pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<Option<Instant>>
                         fence_policy::is_current,
                     )
                     .await?;
-                    in_force = in_force.max(policies.settling(&object));
                 }
                 let bindings = &ctx.fence_bindings;
                 let fresh = cached.is_none();
                 put(ctx, lease, bindings, cached, desired, is_current).await?;
-                in_force = in_force.max(bindings.settling(&object));
                 if fresh && !own_policy {
                     warn_if_policy_missing(ctx, lease).await;
                 }
@@ -81,7 +77,27 @@ pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<Option<Instant>>
             None => {}
         }
     }
-    Ok(in_force)
+    Ok(())
+}
+
+/// When the fence objects of `lease` that this process created or restored last are in force,
+/// if that is still to come: one written less than
+/// [`BINDING_SETTLE`](crate::operator::core::fence::BINDING_SETTLE) ago may not be enforced
+/// yet. Asked whatever [`sync`] returned: a sync that failed after writing one (a create that
+/// met the object its cache has not seen yet, 409) must hold up the grant as well.
+pub fn settling(ctx: &Context, lease: &FencedLease) -> Option<Instant> {
+    let ns = lease.namespace()?;
+    let name = lease.name_any();
+    desired_bindings(&ns, &name, lease)
+        .iter()
+        .flat_map(|w| {
+            [
+                ctx.fence_bindings.settling(&w.name),
+                ctx.fence_policies.settling(&w.name),
+            ]
+        })
+        .flatten()
+        .max()
 }
 
 /// Creates `desired`, or puts it back whole over an edited copy.

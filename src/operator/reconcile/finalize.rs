@@ -48,7 +48,7 @@ pub async fn finalize(
         }
         pods::repair_annotations(ctx, lease, ns, name).await?;
         // The bindings that fence its objects go with the lease (an orphan is also swept).
-        fence_bindings::sync(ctx, lease).await.map(drop)
+        fence_bindings::sync(ctx, lease).await
     };
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");

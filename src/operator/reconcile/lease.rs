@@ -117,11 +117,12 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     };
 
     // The bindings that fence the lease's objects come before any grant: a binding reaches
-    // admission through the apiserver's informers, so after creating or restoring one the
-    // lease is decided again only once it is in force. A failure to write one holds up no
-    // grant or expiry; it is returned once they are done.
+    // admission through the apiserver's informers, so after creating or restoring one (or its
+    // policy) the lease is decided again only once it is in force, even if the sync then
+    // failed. A failure to write one holds up no grant or expiry otherwise; it is returned
+    // once they are done.
     let fenced = fence_bindings::sync(ctx, &lease).await;
-    if let Ok(Some(in_force)) = fenced {
+    if let Some(in_force) = fence_bindings::settling(ctx, &lease) {
         return Ok(Action::requeue(
             in_force.saturating_duration_since(Instant::now()),
         ));
