@@ -204,8 +204,7 @@ pub fn matching(m: &Option<MatchResources>) -> MatchResources {
             scope: r.scope.or_else(|| Some("*".into())),
             ..r
         };
-        r.filter(|r| !r.is_empty())
-            .map(|r| r.into_iter().map(scoped).collect::<Vec<_>>())
+        non_empty(&r).map(|r| r.into_iter().map(scoped).collect::<Vec<_>>())
     };
     MatchResources {
         match_policy: None,
@@ -214,6 +213,11 @@ pub fn matching(m: &Option<MatchResources>) -> MatchResources {
         resource_rules: rules(m.resource_rules),
         exclude_resource_rules: rules(m.exclude_resource_rules),
     }
+}
+
+/// A list, or none when empty (the apiserver may store either).
+pub fn non_empty<T: Clone>(list: &Option<Vec<T>>) -> Option<Vec<T>> {
+    list.clone().filter(|l| !l.is_empty())
 }
 
 /// Does `existing` say what `desired` says? (The apiserver adds defaults; they are ignored.)

@@ -20,7 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
-use super::fence::{kinds_binding_name, kinds_match, labels, matching};
+use super::fence::{kinds_binding_name, kinds_match, labels, matching, non_empty};
 use crate::api::FenceSpec;
 use crate::fence::kube::LEASE_POLICY;
 
@@ -89,15 +89,10 @@ pub fn is_current(
         && failure(have) == failure(want)
         && have.validations == want.validations
         && have.variables == want.variables
-        && some(&have.match_conditions) == some(&want.match_conditions)
-        && some(&have.audit_annotations) == some(&want.audit_annotations)
+        && non_empty(&have.match_conditions) == non_empty(&want.match_conditions)
+        && non_empty(&have.audit_annotations) == non_empty(&want.audit_annotations)
         && matching(&have.match_constraints) == matching(&want.match_constraints)
         && existing.labels() == desired.labels()
-}
-
-/// A list, or none when empty (the apiserver may store either).
-fn some<T: Clone>(list: &Option<Vec<T>>) -> Option<Vec<T>> {
-    list.clone().filter(|l| !l.is_empty())
 }
 
 #[cfg(test)]

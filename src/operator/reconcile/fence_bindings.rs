@@ -2,7 +2,6 @@
 //! the policies of its kinds binding, in line with its spec: applied while asked for, deleted
 //! when not or when the lease goes.
 
-use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,17 +11,17 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
 use crate::api::FencedLease;
 use crate::fence::kube::LEASE_POLICY;
 use crate::operator::context::Context;
-use crate::operator::core::fence::{Wanted, desired_bindings, is_current};
+use crate::operator::core::fence::{
+    Wanted, binding_name, desired_bindings, is_current, kinds_binding_name,
+};
 use crate::operator::core::fence_policy::{self, desired_kinds_policy};
 use crate::operator::error::{Error, Result, timed};
-use crate::operator::state::bindings::FenceObjects;
+use crate::operator::state::bindings::{FenceObject, FenceObjects};
 
 /// Brings the bindings of `lease` in line with its spec: each applied while its field is
 /// set, deleted when it is not or the lease is being deleted; a kinds binding's own policy
@@ -88,12 +87,12 @@ pub async fn sync(ctx: &Context, lease: &FencedLease) -> Result<()> {
 pub fn settling(ctx: &Context, lease: &FencedLease) -> Option<Instant> {
     let ns = lease.namespace()?;
     let name = lease.name_any();
-    desired_bindings(&ns, &name, lease)
+    [binding_name(&ns, &name), kinds_binding_name(&ns, &name)]
         .iter()
-        .flat_map(|w| {
+        .flat_map(|object| {
             [
-                ctx.fence_bindings.settling(&w.name),
-                ctx.fence_policies.settling(&w.name),
+                ctx.fence_bindings.settling(object),
+                ctx.fence_policies.settling(object),
             ]
         })
         .flatten()
@@ -101,17 +100,14 @@ pub fn settling(ctx: &Context, lease: &FencedLease) -> Option<Instant> {
 }
 
 /// Creates `desired`, or puts it back whole over an edited copy.
-async fn put<K>(
+async fn put<K: FenceObject>(
     ctx: &Context,
     lease: &FencedLease,
     cache: &FenceObjects<K>,
     cached: Option<Arc<K>>,
     desired: K,
     is_current: fn(&K, &K) -> bool,
-) -> Result<()>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
-{
+) -> Result<()> {
     if cached.as_deref().is_some_and(|c| is_current(c, &desired)) {
         return Ok(());
     }
@@ -147,10 +143,7 @@ where
     Ok(())
 }
 
-async fn remove<K>(ctx: &Context, ns: &str, name: &str, object: &str) -> Result<()>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
-{
+async fn remove<K: FenceObject>(ctx: &Context, ns: &str, name: &str, object: &str) -> Result<()> {
     let api: Api<K> = Api::all(ctx.kube.client.clone());
     let kind = K::kind(&());
     match timed(

@@ -3,19 +3,14 @@
 //! reconciled (which puts it back), and deletes the objects of leases that are gone after
 //! every (re)list and every five minutes.
 
-use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -26,23 +21,7 @@ use crate::operator::core::fence::{
     LEASE_NAME_LABEL, LEASE_NAMESPACE_LABEL, MANAGED_BY, ORPHAN_SWEEP,
 };
 use crate::operator::error::timed;
-use crate::operator::state::bindings::FenceObjects;
-
-/// The admission objects the operator keeps per lease.
-pub trait FenceObject:
-    Resource<DynamicType = ()> + Clone + Debug + Send + Sync + DeserializeOwned + 'static
-{
-    /// What they are, plural, for logs.
-    const WHAT: &'static str;
-}
-
-impl FenceObject for ValidatingAdmissionPolicyBinding {
-    const WHAT: &'static str = "fence bindings";
-}
-
-impl FenceObject for ValidatingAdmissionPolicy {
-    const WHAT: &'static str = "fence policies";
-}
+use crate::operator::state::bindings::{FenceObject, FenceObjects};
 
 /// Watches the operator's objects of kind `K` (only those of `namespaces` when the operator
 /// watches some, all when empty) into `cache` through `writer` until `stop`.

@@ -2,6 +2,7 @@
 //! watched, and when it last wrote each.
 
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -11,6 +12,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::Resource;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::operator::core::fence::BINDING_SETTLE;
 
@@ -18,6 +21,22 @@ use crate::operator::core::fence::BINDING_SETTLE;
 pub type BindingCache = FenceObjects<ValidatingAdmissionPolicyBinding>;
 /// The operator's policies (those of kinds bindings), watched into a cache.
 pub type PolicyCache = FenceObjects<ValidatingAdmissionPolicy>;
+
+/// The admission objects the operator keeps per lease: cluster-scoped, watched, written whole.
+pub trait FenceObject:
+    Resource<DynamicType = ()> + Clone + Debug + Send + Sync + Serialize + DeserializeOwned + 'static
+{
+    /// What they are, plural, for logs.
+    const WHAT: &'static str;
+}
+
+impl FenceObject for ValidatingAdmissionPolicyBinding {
+    const WHAT: &'static str = "fence bindings";
+}
+
+impl FenceObject for ValidatingAdmissionPolicy {
+    const WHAT: &'static str = "fence policies";
+}
 
 /// Cluster-scoped admission objects of the operator, watched into a cache.
 pub struct FenceObjects<K: Resource<DynamicType = ()> + 'static> {
