@@ -58,6 +58,10 @@ struct Args {
     /// Samples of each figure when one takes a lease duration of 15 s or more.
     #[arg(long, default_value_t = 5)]
     slow_samples: usize,
+    /// Rounds to spread the samples over: each round measures every configuration in turn, so
+    /// that what the machine does meanwhile falls on all of them alike.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// Only the configurations whose name contains one of these (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -493,17 +497,49 @@ impl Bench {
         tokio::time::sleep(Duration::from_millis(300) + jitter).await;
     }
 
-    async fn measure(&self, config: &Config, index: usize) -> Res<()> {
+    /// Whether `config` is to be measured: named by `--only` (if given) and its binary given.
+    fn chosen(&self, config: &Config) -> bool {
+        let named = self.args.only.is_empty()
+            || self.args.only.iter().any(|o| config.name.contains(o.as_str()));
+        let missing = match config.system {
+            System::ClientGo(..) if self.args.leaderelection.is_none() => {
+                Some("no --leaderelection binary (hack/bench-leaderelection builds it)")
+            }
+            System::Go(_) if self.args.go_candidate.is_none() => {
+                Some("no --go-candidate binary (go/examples/bench-candidate)")
+            }
+            _ => None,
+        };
+        if let (true, Some(why)) = (named, missing) {
+            println!("skipping {}: {why}", config.name);
+        }
+        named && missing.is_none()
+    }
+
+    /// One round of `config`'s three figures: `n` acquires, and `n_slow` hand-overs and
+    /// failovers when each takes a 15 s lease or more (else `n`). fenced-lease hands over
+    /// on a watch event whatever its lease: `n` hand-overs.
+    async fn measure(
+        &self,
+        config: &Config,
+        index: usize,
+        round: usize,
+        n: usize,
+        n_slow: usize,
+        into: &mut Figures,
+    ) -> Res<()> {
         let slow = config.duration >= Duration::from_secs(15);
-        let n = self.args.samples;
-        let n_slow = if slow { self.args.slow_samples } else { n };
+        let n_slow = if slow { n_slow } else { n };
+        let watches = matches!(
+            config.system,
+            System::Library(_) | System::Cli(_) | System::Go(_)
+        );
+        let n_handover = if watches { n } else { n_slow };
         let timeout = config.duration * 3 + Duration::from_secs(30);
-        let section = "latency";
 
         // Acquire: a free lease, a fresh one each time.
-        let mut acquire = vec![];
         for i in 0..n {
-            let lease = format!("c{index}-free-{i}");
+            let lease = format!("c{index}-r{round}-free-{i}");
             self.prepare(config, &lease).await?;
             let mut cand;
             let t0;
@@ -516,33 +552,24 @@ impl Bench {
                 cand.go();
             }
             let at = cand.expect("leading", timeout).await?;
-            acquire.push((at - t0) as f64 / 1e6);
+            into.acquire.push((at - t0) as f64 / 1e6);
             cand.release().await;
         }
-        self.results.samples(
-            section,
-            &config.name,
-            "acquire a free lease",
-            &acquire,
-            "ms",
-            "",
-        );
 
         // Hand-over: the holder releases (SIGTERM: a graceful stop), the waiter takes over.
-        let lease = format!("c{index}-handover");
+        let lease = format!("c{index}-r{round}-handover");
         self.prepare(config, &lease).await?;
         let mut holder = self.candidate(config, &lease).await?;
         holder.go();
         holder.expect("leading", timeout).await?;
-        let mut handover = vec![];
-        for _ in 0..n_slow {
+        for _ in 0..n_handover {
             let mut waiter = self.candidate(config, &lease).await?;
             waiter.go();
             self.settle(config).await;
             let t0 = unix_ns();
             holder.signal(Signal::SIGTERM);
             let at = waiter.expect("leading", timeout).await?;
-            handover.push((at - t0) as f64 / 1e6);
+            into.handover.push((at - t0) as f64 / 1e6);
             // For lining samples up with the operator's log: both stamps, ns since the epoch.
             eprintln!(
                 "hand-over {}: SIGTERM at {t0}, leading at {at}",
@@ -552,22 +579,13 @@ impl Bench {
             holder = waiter;
         }
         holder.release().await;
-        self.results.samples(
-            section,
-            &config.name,
-            "hand-over after release",
-            &handover,
-            "ms",
-            "",
-        );
 
         // Failover: the holder is SIGKILLed; figures are minus the lease duration.
-        let lease = format!("c{index}-failover");
+        let lease = format!("c{index}-r{round}-failover");
         self.prepare(config, &lease).await?;
         let mut holder = self.candidate(config, &lease).await?;
         holder.go();
         holder.expect("leading", timeout).await?;
-        let mut failover = vec![];
         for _ in 0..n_slow {
             let mut waiter = self.candidate(config, &lease).await?;
             waiter.go();
@@ -575,20 +593,36 @@ impl Bench {
             let t0 = unix_ns();
             holder.kill();
             let at = waiter.expect("leading", timeout).await?;
-            failover.push((at - t0) as f64 / 1e6 - ms(config.duration));
+            into.failover.push((at - t0) as f64 / 1e6 - ms(config.duration));
             holder = waiter;
         }
         holder.release().await;
-        self.results.samples(
-            section,
-            &config.name,
-            "failover after SIGKILL, minus lease duration",
-            &failover,
-            "ms",
-            &format!("lease duration {} s", config.duration.as_secs_f64()),
-        );
         Ok(())
     }
+
+    fn report(&self, config: &Config, figures: &Figures) {
+        let section = "latency";
+        let name = &config.name;
+        let r = &self.results;
+        r.samples(section, name, "acquire a free lease", &figures.acquire, "ms", "");
+        r.samples(section, name, "hand-over after release", &figures.handover, "ms", "");
+        let note = format!("lease duration {} s", config.duration.as_secs_f64());
+        let figure = "failover after SIGKILL, minus lease duration";
+        r.samples(section, name, figure, &figures.failover, "ms", &note);
+    }
+}
+
+/// What one config measured, over every round.
+#[derive(Default)]
+struct Figures {
+    acquire: Vec<f64>,
+    handover: Vec<f64>,
+    failover: Vec<f64>,
+}
+
+/// `total` samples spread over `rounds`: this round's share (the first rounds take the rest).
+fn share(total: usize, rounds: usize, round: usize) -> usize {
+    total / rounds + usize::from(round < total % rounds)
 }
 
 #[tokio::main]
@@ -628,47 +662,40 @@ async fn bench(args: Args) -> Res<()> {
     };
     let started = Instant::now();
     let mut outcome = Ok(());
-    for (index, config) in configs().iter().enumerate() {
-        if !bench.args.only.is_empty()
-            && !bench
-                .args
-                .only
-                .iter()
-                .any(|o| config.name.contains(o.as_str()))
-        {
-            continue;
-        }
-        if let System::ClientGo(..) = config.system
-            && bench.args.leaderelection.is_none()
-        {
+    let chosen: Vec<(usize, Config)> = configs()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, config)| bench.chosen(config))
+        .collect();
+    let mut figures: Vec<Figures> = chosen.iter().map(|_| Figures::default()).collect();
+    let rounds = bench.args.rounds.max(1);
+    'rounds: for round in 0..rounds {
+        let n = share(bench.args.samples, rounds, round);
+        let n_slow = share(bench.args.slow_samples, rounds, round);
+        for ((index, config), into) in chosen.iter().zip(figures.iter_mut()) {
             println!(
-                "skipping {}: no --leaderelection binary (hack/bench-leaderelection builds it)",
-                config.name
+                "-- round {}/{rounds}: {} ({:.0} s so far)",
+                round + 1,
+                config.name,
+                started.elapsed().as_secs_f64()
             );
-            continue;
+            let measured = bench
+                .measure(config, *index, round, n, n_slow, into)
+                .await;
+            if let Err(e) = measured {
+                println!("FAILED: {}: {e}", config.name);
+                println!(
+                    "{}",
+                    failure_report(&client, &operator, &[&ns], &Grants::default()).await
+                );
+                outcome = Err(e);
+                break 'rounds;
+            }
         }
-        if let System::Go(_) = config.system
-            && bench.args.go_candidate.is_none()
-        {
-            println!(
-                "skipping {}: no --go-candidate binary (go/examples/bench-candidate)",
-                config.name
-            );
-            continue;
-        }
-        println!(
-            "-- {} ({:.0} s so far)",
-            config.name,
-            started.elapsed().as_secs_f64()
-        );
-        if let Err(e) = bench.measure(config, index).await {
-            println!("FAILED: {}: {e}", config.name);
-            println!(
-                "{}",
-                failure_report(&client, &operator, &[&ns], &Grants::default()).await
-            );
-            outcome = Err(e);
-            break;
+    }
+    if outcome.is_ok() {
+        for ((_, config), figures) in chosen.iter().zip(&figures) {
+            bench.report(config, figures);
         }
     }
     operator.stop();
