@@ -500,7 +500,11 @@ impl Bench {
     /// Whether `config` is to be measured: named by `--only` (if given) and its binary given.
     fn chosen(&self, config: &Config) -> bool {
         let named = self.args.only.is_empty()
-            || self.args.only.iter().any(|o| config.name.contains(o.as_str()));
+            || self
+                .args
+                .only
+                .iter()
+                .any(|o| config.name.contains(o.as_str()));
         let missing = match config.system {
             System::ClientGo(..) if self.args.leaderelection.is_none() => {
                 Some("no --leaderelection binary (hack/bench-leaderelection builds it)")
@@ -593,7 +597,8 @@ impl Bench {
             let t0 = unix_ns();
             holder.kill();
             let at = waiter.expect("leading", timeout).await?;
-            into.failover.push((at - t0) as f64 / 1e6 - ms(config.duration));
+            into.failover
+                .push((at - t0) as f64 / 1e6 - ms(config.duration));
             holder = waiter;
         }
         holder.release().await;
@@ -604,8 +609,22 @@ impl Bench {
         let section = "latency";
         let name = &config.name;
         let r = &self.results;
-        r.samples(section, name, "acquire a free lease", &figures.acquire, "ms", "");
-        r.samples(section, name, "hand-over after release", &figures.handover, "ms", "");
+        r.samples(
+            section,
+            name,
+            "acquire a free lease",
+            &figures.acquire,
+            "ms",
+            "",
+        );
+        r.samples(
+            section,
+            name,
+            "hand-over after release",
+            &figures.handover,
+            "ms",
+            "",
+        );
         let note = format!("lease duration {} s", config.duration.as_secs_f64());
         let figure = "failover after SIGKILL, minus lease duration";
         r.samples(section, name, figure, &figures.failover, "ms", &note);
@@ -679,9 +698,7 @@ async fn bench(args: Args) -> Res<()> {
                 config.name,
                 started.elapsed().as_secs_f64()
             );
-            let measured = bench
-                .measure(config, *index, round, n, n_slow, into)
-                .await;
+            let measured = bench.measure(config, *index, round, n, n_slow, into).await;
             if let Err(e) = measured {
                 println!("FAILED: {}: {e}", config.name);
                 println!(
