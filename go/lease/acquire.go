@@ -36,25 +36,38 @@ func Acquire(ctx context.Context, c *Client, namespace, lease string, opts Optio
 	if readTimeout <= 0 {
 		readTimeout = 10 * time.Second
 	}
-	l, err := retry(b, "get FencedLease", readTimeout, func(ctx context.Context) (*v1alpha1.FencedLease, error) {
-		return c.getLease(ctx, namespace, lease)
-	})
-	if apierrors.IsNotFound(err) {
-		return nil, &Error{Kind: ErrLeaseNotFound, What: "FencedLease " + namespace + "/" + lease}
+	// Until the lease is read, requests are paced as for the longest lease there can be.
+	req := claimRequest{client: c, log: log, namespace: namespace, lease: lease, identity: identity, pod: pod, callTimeout: readTimeout}
+	// The lease is read while the first claim is created, not before: a round trip less. A
+	// claim made for a lease that turns out missing, or too short for the margin, is withdrawn.
+	type read struct {
+		lease *v1alpha1.FencedLease
+		err   error
 	}
+	reads := make(chan read, 1)
+	go func() {
+		l, err := retry(b, "get FencedLease", readTimeout, func(ctx context.Context) (*v1alpha1.FencedLease, error) {
+			return c.getLease(ctx, namespace, lease)
+		})
+		reads <- read{l, err}
+	}()
+	created, firstSent, createErr := req.create(b)
+	r := <-reads
+	spec, err := leaseDuration(r.lease, r.err, namespace, lease, opts.Margin)
 	if err != nil {
+		if createErr == nil {
+			req.withdraw(created.Name)
+		}
 		return nil, err
 	}
-	spec := viewLease(l).specDuration
-	if opts.Margin >= spec {
-		return nil, &Error{Kind: ErrInvalidMargin, What: fmt.Sprintf("margin %v, lease duration %v", opts.Margin, spec)}
-	}
 	tm := newTiming(spec, opts.Margin, opts.RequestTimeout)
-	req := claimRequest{client: c, log: log, namespace: namespace, lease: lease, identity: identity, pod: pod, callTimeout: tm.callTimeout}
-	for {
-		created, firstSent, err := req.create(b)
-		if err != nil {
-			return nil, err
+	req.callTimeout = tm.callTimeout
+	for first := true; ; first = false {
+		if !first {
+			created, firstSent, createErr = req.create(b)
+		}
+		if createErr != nil {
+			return nil, createErr
 		}
 		t := newTracker(created.Name, firstSent, spec, opts.Margin, opts.RequestTimeout)
 		k := startKeeper(c, log, lease, identity, t, firstSent, viewClaim(created), namespace)
@@ -67,6 +80,22 @@ func Acquire(ctx context.Context, c *Client, namespace, lease string, opts Optio
 			return nil, err
 		}
 	}
+}
+
+// leaseDuration is the spec duration of lease l as read (with err), once it is known to
+// exist and to be longer than margin.
+func leaseDuration(l *v1alpha1.FencedLease, err error, namespace, lease string, margin time.Duration) (time.Duration, error) {
+	if apierrors.IsNotFound(err) {
+		return 0, &Error{Kind: ErrLeaseNotFound, What: "FencedLease " + namespace + "/" + lease}
+	}
+	if err != nil {
+		return 0, err
+	}
+	spec := viewLease(l).specDuration
+	if margin >= spec {
+		return 0, &Error{Kind: ErrInvalidMargin, What: fmt.Sprintf("margin %v, lease duration %v", margin, spec)}
+	}
+	return spec, nil
 }
 
 // waitGrant waits until the keeper's claim is granted (held), over and worth queueing again

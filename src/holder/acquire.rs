@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
@@ -39,20 +39,39 @@ pub async fn acquire(
     let identity = options.identity.clone().unwrap_or_else(default_identity);
     let pod = options.pod.clone().or_else(|| PodRef::from_env(namespace));
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
-    let spec_duration = lease_duration(&leases, namespace, &options, &budget).await?;
+    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), namespace);
+    let mut request = ClaimRequest {
+        api: &claims,
+        lease,
+        identity: &identity,
+        pod: pod.as_ref(),
+        // Until the lease is read, requests are paced as for the longest lease there can be.
+        call_timeout: options.request_timeout.unwrap_or(DEFAULT_READ_TIMEOUT),
+    };
+    // The lease is read while the first claim is created, not before: a round trip less. A
+    // claim made for a lease that turns out missing, or too short for the margin, is withdrawn.
+    let (spec_duration, first) = tokio::join!(
+        lease_duration(&leases, namespace, &options, &budget),
+        request.create(&budget)
+    );
+    let spec_duration = match spec_duration {
+        Ok(duration) => duration,
+        Err(error) => {
+            if let Ok((claim, _)) = &first {
+                request.withdraw(&claim.name_any()).await;
+            }
+            return Err(error);
+        }
+    };
     let timing =
         Timing::new(spec_duration, options.margin).with_call_timeout(options.request_timeout);
-
-    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), namespace);
+    request.call_timeout = timing.call_timeout;
+    let mut first = Some(first);
     loop {
-        let request = ClaimRequest {
-            api: &claims,
-            lease,
-            identity: &identity,
-            pod: pod.as_ref(),
-            call_timeout: timing.call_timeout,
+        let (claim, first_sent) = match first.take() {
+            Some(created) => created?,
+            None => request.create(&budget).await?,
         };
-        let (claim, first_sent) = request.create(&budget).await?;
         let keeper = Keeper::start(
             client.clone(),
             Created {
@@ -84,8 +103,7 @@ async fn lease_duration(
     budget: &Budget,
 ) -> Result<Duration, Error> {
     let lease = budget.lease.as_str();
-    // Before the lease is read, pace requests for the shortest lease there can be.
-    let read_timeout = options.request_timeout.unwrap_or(Duration::from_secs(10));
+    let read_timeout = options.request_timeout.unwrap_or(DEFAULT_READ_TIMEOUT);
     let found = budget
         .retry("get FencedLease", read_timeout, || leases.get_opt(lease))
         .await?;
@@ -302,6 +320,10 @@ impl Budget {
         }
     }
 }
+
+/// The per-call timeout of requests made before the lease's duration is known, unless
+/// [`AcquireOptions`] set one.
+const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Longest pause between retries while waiting.
 const MAX_PAUSE: Duration = Duration::from_secs(5);

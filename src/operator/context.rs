@@ -12,7 +12,7 @@ use super::events::Events;
 use super::metrics::Metrics;
 use super::state::{
     BindingCache, Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites,
-    PendingRecords, PolicyCache, Positions, Swept, Wakeups,
+    PendingRecords, PolicyCache, Positions, RecordsAhead, Swept, Wakeups,
 };
 use crate::api::FencedLease;
 
@@ -64,6 +64,8 @@ pub struct Context {
     pub fence_policies: PolicyCache,
     /// Token records waiting to be written, one write per ConfigMap at a time.
     pub records: PendingRecords,
+    /// Token records read when a lease was first seen, for its first grant.
+    pub records_ahead: RecordsAhead,
 }
 
 impl Context {

@@ -1,7 +1,8 @@
 //! Promises at the edges, each as a user would break them:
 //! - I1: a token is never issued twice when the operator's token record is deleted, damaged
 //!   or left behind in another namespace, or the finalizer is stripped while it is down;
-//!   hundreds of leases deleted at once all get their record, at once;
+//!   hundreds of leases deleted at once all get their record, at once; the record is read
+//!   when a lease is first seen, so a later damage of it does not hold up that lease;
 //! - I10: lowering a held lease's duration does not cut the running term short;
 //! - I5: a pod replaced under the same name inherits neither the hold nor the token;
 //! - I7: another ServiceAccount with the same holder Role cannot renew or release a claim
@@ -16,6 +17,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
 use fenced_lease::holder::{AcquireOptions, acquire};
+use fenced_lease::operator::reconcile::token_records;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -150,6 +152,34 @@ async fn i1_a_damaged_token_record_stops_grants_until_repaired() {
     })
     .await;
     assert_eq!(token, RECORDED + 1, "the repaired record is a floor");
+}
+
+/// The record is read when the operator first sees a lease (before it puts its finalizer on),
+/// not on the first claim's path: it cannot change while that lease object exists, since only
+/// the finalizer of a lease of the same name writes it. So a record damaged afterwards does
+/// not hold up this lease's grants, and its value still carries the tokens on.
+#[tokio::test]
+async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
+    let ns = TestNamespace::new("i1-ahead").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    const RECORDED: i64 = 1 << 60;
+    let record = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: fenced-lease-tokens.{}}}\ndata: {{l: \"{value}\"}}\n",
+            ns.name
+        )
+    };
+    ns.kubectl_apply(&record(&RECORDED.to_string()));
+    ns.create_lease("l", 15);
+    wait_for("the token finalizer", WAIT, || async {
+        let lease = ns.api::<FencedLease>().get("l").await.ok()?;
+        token_records::has_finalizer(&lease).then_some(())
+    })
+    .await;
+    ns.kubectl_apply(&record("damaged"));
+    ns.create_claim("c", "l", None).await;
+    let token = wait_for("the grant", WAIT, || ns.granted_token("c")).await;
+    assert_eq!(token, RECORDED + 1, "the record read ahead is the floor");
 }
 
 #[tokio::test]

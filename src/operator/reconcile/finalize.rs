@@ -59,6 +59,9 @@ pub async fn finalize(
     }
     token_records::remove_finalizer(ctx, api, latest.as_ref().unwrap_or(lease)).await?;
     ctx.metrics.forget_lease(ns, name);
+    if let Some(uid) = lease.metadata.uid.as_deref() {
+        ctx.records_ahead.forget(uid);
+    }
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
 }

@@ -102,6 +102,9 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     } else {
         // No token is issued before the finalizer that will record it is in place; the
         // lease as written carries it, so the grant goes on in this same reconcile.
+        // Its token record is read first, ahead of the first claim's grant: the lease as
+        // seen with its finalizer has had its record read.
+        token_records::read_ahead(ctx, &lease).await;
         match token_records::add_finalizer(ctx, &api, &lease).await {
             // Our cached copy is older than the lease: its update event is on its way.
             Err(e) if e.is_conflict() => return Ok(Action::requeue(Duration::from_millis(100))),
@@ -110,6 +113,10 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
                 Arc::new(written)
             }
             result => {
+                // Gone before its finalizer: nothing will be granted.
+                if let Some(uid) = lease.metadata.uid.as_deref() {
+                    ctx.records_ahead.forget(uid);
+                }
                 result?;
                 return Ok(Action::await_change());
             }

@@ -16,6 +16,7 @@ use crate::operator::state::records::{locked, raise};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -223,6 +224,46 @@ async fn write_records(
         "{}/{cm_name}",
         ctx.state_namespace
     )))
+}
+
+/// Reads the record of a lease that has issued no token yet, ahead of its first grant (see
+/// [`RecordsAhead`](crate::operator::state::RecordsAhead)). A failed read is left for that
+/// grant to meet: it reads again, and reports it.
+pub async fn read_ahead(ctx: &Context, lease: &FencedLease) {
+    let issued = lease.status.as_ref().is_some_and(|s| s.fencing_token > 0);
+    let Some(uid) = lease.metadata.uid.as_deref() else {
+        return;
+    };
+    if issued || ctx.records_ahead.get(uid).is_some() {
+        return;
+    }
+    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+    match read(ctx, &ns, &name).await {
+        Ok(record) => ctx.records_ahead.keep(uid, record),
+        Err(error) => {
+            tracing::debug!(lease = %name, namespace = %ns, %error, "could not read the token record ahead")
+        }
+    }
+}
+
+/// The record before lease's first grant: the one read ahead, or else read now.
+pub async fn before_first_grant(ctx: &Context, lease: &FencedLease) -> Result<i64> {
+    let ahead = lease
+        .metadata
+        .uid
+        .as_deref()
+        .and_then(|uid| ctx.records_ahead.get(uid));
+    match ahead {
+        Some(record) => Ok(record),
+        None => {
+            read(
+                ctx,
+                &lease.namespace().unwrap_or_default(),
+                &lease.name_any(),
+            )
+            .await
+        }
+    }
 }
 
 /// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost;

@@ -76,12 +76,19 @@ pub async fn write_lease_status(
             Step::ConfirmHolder => confirm_holder(ctx, &ns, &d, &mut reads).await?,
             Step::Expire => expire(ctx, &ns, &name, &d, &mut reads.fresh).await?,
             Step::ReadRecord => {
-                let record = token_records::read(ctx, &ns, &name).await?;
+                let record = token_records::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
             }
             Step::Done => return Ok(written(d.current, lease, d.plan, reads.fresh)),
             Step::Write => match write(ctx, api, &lease, d.desired).await? {
-                Wrote::Lease(w) => return Ok(written(d.current, *w, d.plan, reads.fresh)),
+                Wrote::Lease(w) => {
+                    if w.status.as_ref().is_some_and(|s| s.fencing_token > 0)
+                        && let Some(uid) = w.metadata.uid.as_deref()
+                    {
+                        ctx.records_ahead.forget(uid);
+                    }
+                    return Ok(written(d.current, *w, d.plan, reads.fresh));
+                }
                 Wrote::Conflict(read) => lease = *read,
                 Wrote::Gone => return Ok(Outcome::Gone),
                 Wrote::Requeue => return Ok(Outcome::Requeue),

@@ -228,6 +228,7 @@ fn context(
         written: memory.written.clone(),
         swept: Default::default(),
         records: Default::default(),
+        records_ahead: Default::default(),
         fence_bindings,
         fence_policies,
     })

@@ -7,7 +7,8 @@
 //! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
 //!   [`wakeups`]: each lease's next reconcile at the latest.
 //! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
-//!   records waiting to be written; [`positions`]: queue positions waiting to be written;
+//!   records waiting to be written, and read ahead of a first grant; [`positions`]: queue
+//!   positions waiting to be written;
 //!   [`bindings`]: its fence bindings and policies as watched;
 //!   [`swept`]: leases queued by the sweep; [`failures`]: failed reconciles in a row.
 
@@ -33,6 +34,6 @@ pub use index::Index;
 pub use own_writes::OwnWrites;
 pub use pod::CachedPod;
 pub use positions::Positions;
-pub use records::PendingRecords;
+pub use records::{PendingRecords, RecordsAhead};
 pub use swept::Swept;
 pub use wakeups::Wakeups;

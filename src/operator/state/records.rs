@@ -43,3 +43,47 @@ impl PendingRecords {
             .clone()
     }
 }
+
+/// Token records read ahead of a lease's first grant, by lease UID, until that grant takes
+/// them. A record read at any time after a lease object was created stays true for as long
+/// as that object exists: the record of its name is written only by the finalizer of a lease
+/// of that name, and that lease was gone before this one could be created. So the read can
+/// be made when the lease is first seen, off the path of its first claim.
+#[derive(Debug, Default)]
+pub struct RecordsAhead {
+    by_uid: Mutex<HashMap<String, i64>>,
+}
+
+impl RecordsAhead {
+    pub fn keep(&self, uid: &str, record: i64) {
+        locked(&self.by_uid).insert(uid.to_string(), record);
+    }
+
+    /// The record read ahead for lease `uid`, if any.
+    pub fn get(&self, uid: &str) -> Option<i64> {
+        locked(&self.by_uid).get(uid).copied()
+    }
+
+    /// Forgets lease `uid`: it has issued a token (its status carries it on), or it is gone.
+    pub fn forget(&self, uid: &str) {
+        locked(&self.by_uid).remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_read_ahead_is_kept_by_lease_uid_until_forgotten() {
+        let ahead = RecordsAhead::default();
+        assert_eq!(ahead.get("uid-a"), None);
+        ahead.keep("uid-a", 41);
+        ahead.keep("uid-b", 0);
+        assert_eq!(ahead.get("uid-a"), Some(41));
+        assert_eq!(ahead.get("uid-b"), Some(0));
+        ahead.forget("uid-a");
+        assert_eq!(ahead.get("uid-a"), None);
+        assert_eq!(ahead.get("uid-b"), Some(0));
+    }
+}
