@@ -63,8 +63,10 @@ struct Args {
     /// Seconds of the heartbeat window the figures are taken over.
     #[arg(long, default_value_t = 30)]
     beat_seconds: u64,
-    /// Leases whose holder stops heartbeating, for the expiry lateness (lease duration 2 s).
-    #[arg(long, default_value_t = 10)]
+    /// Leases whose holder stops heartbeating, for the expiry lateness (lease duration 2 s);
+    /// they start 25 ms apart, so their expiries come one at a time, as independent holders'
+    /// do.
+    #[arg(long, default_value_t = 100)]
     expiries: usize,
     /// Requests in flight while creating objects and heartbeating.
     #[arg(long, default_value_t = 32)]
@@ -626,6 +628,9 @@ async fn heartbeat(
     }
 }
 
+/// How far apart the expiry leases start.
+const EXPIRY_STAGGER: Duration = Duration::from_millis(25);
+
 /// `count` leases of 2 s whose holder never beats and whose waiter does: how long after the
 /// holder's term does the waiter get the lease?
 async fn expiries(client: &Client, ns: &str, grants: &Grants, count: usize) -> Res<Vec<f64>> {
@@ -637,6 +642,7 @@ async fn expiries(client: &Client, ns: &str, grants: &Grants, count: usize) -> R
         let (leases, claims, pp, grants) =
             (leases.clone(), claims.clone(), pp.clone(), grants.clone());
         async move {
+            tokio::time::sleep(EXPIRY_STAGGER * i as u32).await;
             let l = format!("exp-{i}");
             leases.create(&pp, &lease(&l, 2)).await?;
             tokio::time::sleep(Duration::from_millis(200)).await; // the finalizer goes on first
@@ -648,6 +654,7 @@ async fn expiries(client: &Client, ns: &str, grants: &Grants, count: usize) -> R
                 .await?;
             let waiter = format!("{l}-b-waiter");
             claims.create(&pp, &claim(&waiter, &l)).await?;
+            let mut last_beat = Instant::now();
             loop {
                 if grants.granted_at(ns, &waiter).is_some() {
                     // From the operator's own timestamps (its grant times of the two claims),
@@ -671,8 +678,12 @@ async fn expiries(client: &Client, ns: &str, grants: &Grants, count: usize) -> R
                 if held.elapsed() > Duration::from_secs(30) {
                     return fail(format!("{waiter} not granted 30 s after {l}'s holder was"));
                 }
-                let _ = beat(&claims, &waiter).await;
-                tokio::time::sleep(Duration::from_millis(250)).await;
+                // Beats every third of the term, as the library does.
+                if last_beat.elapsed() >= DURATION / 3 {
+                    let _ = beat(&claims, &waiter).await;
+                    last_beat = Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     });

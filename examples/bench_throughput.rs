@@ -46,6 +46,9 @@ struct Args {
     /// Hand-overs measured on one lease.
     #[arg(long, default_value_t = 100)]
     handovers: usize,
+    /// Also measure the first `--handovers` hand-overs of a queue this long (0: not).
+    #[arg(long, default_value_t = 0)]
+    deep_queue: usize,
     /// Heartbeats on one held claim, for the writes each costs.
     #[arg(long, default_value_t = 20)]
     beats: usize,
@@ -245,37 +248,13 @@ async fn handovers(
     let pp = PostParams::default();
     let n = args.handovers;
 
-    // (a) A queue of n waiters, each releasing as soon as it holds.
-    leases.create(&pp, &lease("queue", 3600)).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let names: Vec<String> = (0..=n).map(|i| format!("q-{i:05}")).collect();
-    for name in &names {
-        claims.create(&pp, &claim(name, "queue")).await?;
+    // (a) A queue of n waiters, each releasing as soon as it holds; then (with --deep-queue)
+    // the first n hand-overs of a queue that long.
+    queue_handovers(&claims, &leases, results, ns, grants, "queue", n, n).await?;
+    if args.deep_queue > 0 {
+        let deep = args.deep_queue.max(n);
+        queue_handovers(&claims, &leases, results, ns, grants, "deep", deep, n).await?;
     }
-    let mut times = vec![];
-    for name in &names {
-        let at = grants.wait(ns, name, Duration::from_secs(60)).await?;
-        times.push(at);
-        claims.delete(name, &DeleteParams::default()).await?;
-    }
-    let rate = n as f64 / (times[n] - times[0]).as_secs_f64();
-    let gaps: Vec<f64> = times.windows(2).map(|w| ms(w[1] - w[0])).collect();
-    results.value(
-        "rates",
-        "fenced-lease",
-        &format!("hand-overs/s, one lease, {n} queued"),
-        rate,
-        "/s",
-        "each holder deletes its claim once it sees the grant",
-    );
-    results.samples(
-        "rates",
-        "fenced-lease",
-        &format!("hand-over gap, one lease, {n} queued"),
-        &gaps,
-        "ms",
-        "grant seen -> next grant seen",
-    );
 
     // (b) One waiter at a time: the next claim is created, then the holder releases.
     leases.create(&pp, &lease("pair", 3600)).await?;
@@ -297,6 +276,70 @@ async fn handovers(
         rate,
         "/s",
         "create the next claim, delete the holder's, wait for the grant",
+    );
+    Ok(())
+}
+
+/// `measured` hand-overs at the head of a queue of `queued` claims on lease `lease`: each
+/// holder deletes its claim once the bench sees its grant.
+#[allow(clippy::too_many_arguments)]
+async fn queue_handovers(
+    claims: &Api<FencedLeaseClaim>,
+    leases: &Api<FencedLease>,
+    results: &Results,
+    ns: &str,
+    grants: &Grants,
+    lease_name: &str,
+    queued: usize,
+    measured: usize,
+) -> Res<()> {
+    let pp = PostParams::default();
+    leases.create(&pp, &lease(lease_name, 3600)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let names: Vec<String> = (0..=queued)
+        .map(|i| format!("{lease_name}-{i:05}"))
+        .collect();
+    // The claims measured one at a time, so they queue in this order; those behind them many
+    // at a time.
+    for name in &names[..=measured] {
+        claims.create(&pp, &claim(name, lease_name)).await?;
+    }
+    let behind: Vec<FencedLeaseClaim> = names[measured + 1..]
+        .iter()
+        .map(|n| claim(n, lease_name))
+        .collect();
+    if !behind.is_empty() {
+        create_all(claims, behind, 32).await?;
+        println!("{queued} claims queued on lease {lease_name}");
+    }
+    let mut times = vec![];
+    for name in &names[..=measured] {
+        let at = grants.wait(ns, name, Duration::from_secs(60)).await?;
+        times.push(at);
+        claims.delete(name, &DeleteParams::default()).await?;
+    }
+    let rate = measured as f64 / (times[measured] - times[0]).as_secs_f64();
+    let gaps: Vec<f64> = times.windows(2).map(|w| ms(w[1] - w[0])).collect();
+    let what = if measured == queued {
+        format!("{queued} queued")
+    } else {
+        format!("{queued} queued, first {measured}")
+    };
+    results.value(
+        "rates",
+        "fenced-lease",
+        &format!("hand-overs/s, one lease, {what}"),
+        rate,
+        "/s",
+        "each holder deletes its claim once it sees the grant",
+    );
+    results.samples(
+        "rates",
+        "fenced-lease",
+        &format!("hand-over gap, one lease, {what}"),
+        &gaps,
+        "ms",
+        "grant seen -> next grant seen",
     );
     Ok(())
 }
