@@ -68,6 +68,7 @@ async fn settled(count: &AtomicU64) -> u64 {
 
 #[tokio::test]
 async fn a_heartbeat_costs_one_apiserver_write() {
+    let _counted = COUNTED.lock().await; // its waits read claims
     let ns = TestNamespace::new("hb-writes").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("l", 60);
@@ -105,12 +106,13 @@ async fn a_heartbeat_costs_one_apiserver_write() {
     );
 }
 
-/// Held by the tests that write pods: the next one counts the apiserver's PATCHes of pods.
-static PODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Held by the tests that count the apiserver's requests by verb (across the cluster: this test
+/// binary runs alone, and its tests that send or cause such requests wait for it in turn).
+static COUNTED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The apiserver's count of PATCH requests to pods, across the cluster (this test binary runs
-/// alone, and its other test that writes pods waits for [`PODS`], so the others are its own).
-async fn pod_patches(client: &kube::Client) -> f64 {
+/// The apiserver's count of requests whose `apiserver_request_total` labels include every one
+/// of `labels` (e.g. `resource="pods"`).
+async fn requests(client: &kube::Client, labels: &[&str]) -> f64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client
         .request_text(request)
@@ -118,9 +120,69 @@ async fn pod_patches(client: &kube::Client) -> f64 {
         .expect("apiserver /metrics");
     text.lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| l.contains(r#"resource="pods""#) && l.contains(r#"verb="PATCH""#))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// The apiserver's count of PATCH requests to pods.
+async fn pod_patches(client: &kube::Client) -> f64 {
+    requests(client, &[r#"resource="pods""#, r#"verb="PATCH""#]).await
+}
+
+/// A silent holder's expiry at its deadline costs its claim's `Expired` write and the grant to
+/// the next (plus that claim's status and the Events), and no read of the claim: the expiry is
+/// written on the version the operator already has, preconditioned on it (I9). Nor is any
+/// claim status refused afterwards (the CRD refuses any change of an `Expired` claim; a repair
+/// from a cache that does not show the expiry yet would be one refused write each).
+#[tokio::test]
+async fn an_expiry_reads_no_claim_and_has_no_write_refused() {
+    let _counted = COUNTED.lock().await;
+    let ns = TestNamespace::new("expiry-requests").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("l", 2);
+    ns.create_claim("holder", "l", None).await;
+    let holder_of = |ns: &TestNamespace| {
+        let leases = ns.api::<FencedLease>();
+        async move {
+            let lease = leases.get("l").await.ok()?;
+            lease.status?.holder.map(|h| h.claim)
+        }
+    };
+    wait_for("the holder's grant", WAIT, || async {
+        (holder_of(&ns).await? == "holder").then_some(())
+    })
+    .await;
+    let claim_reads = [
+        r#"resource="fencedleaseclaims""#,
+        r#"subresource="""#,
+        r#"verb="GET""#,
+    ];
+    let refused = [r#"resource="fencedleaseclaims""#, r#"code="422""#];
+    let (reads, refusals) = (
+        requests(&ns.client, &claim_reads).await,
+        requests(&ns.client, &refused).await,
+    );
+    ns.create_claim("waiter", "l", None).await;
+    let claims = ns.api::<FencedLeaseClaim>();
+    wait_for("the waiter's grant", WAIT, || async {
+        let beat = json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}});
+        claims
+            .patch("waiter", &PatchParams::default(), &Patch::Merge(&beat))
+            .await
+            .ok()?;
+        (holder_of(&ns).await? == "waiter").then_some(())
+    })
+    .await;
+    // The Expired write and its watch events settle, and any repair after them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (reads, refusals) = (
+        requests(&ns.client, &claim_reads).await - reads,
+        requests(&ns.client, &refused).await - refusals,
+    );
+    eprintln!("MEASURED an expiry: {reads} claim reads, {refusals} refused claim writes");
+    assert_eq!(reads, 0.0, "the expiry read no claim from the apiserver");
+    assert_eq!(refusals, 0.0, "no claim write was refused");
 }
 
 /// A grant to a claim that names a pod writes the pod's token annotation once: the reconcile
@@ -130,7 +192,7 @@ async fn pod_patches(client: &kube::Client) -> f64 {
 #[tokio::test]
 async fn a_grant_writes_the_holder_pods_annotation_once() {
     use k8s_openapi::api::core::v1::Pod;
-    let _pods = PODS.lock().await;
+    let _counted = COUNTED.lock().await;
     let ns = TestNamespace::new("pod-writes").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     let pods: Api<Pod> = ns.api();
@@ -177,7 +239,7 @@ async fn a_grant_writes_the_holder_pods_annotation_once() {
 #[tokio::test]
 async fn a_grant_on_a_new_lease_costs_four_writes_and_an_event() {
     use k8s_openapi::api::core::v1::Pod;
-    let _pods = PODS.lock().await;
+    let _counted = COUNTED.lock().await;
     let ns = TestNamespace::new("grant-writes").await;
     let pods: Api<Pod> = ns.api();
     let pod: Pod = serde_json::from_value(json!({

@@ -1,17 +1,24 @@
 //! Expiry made safe (I9): a claim whose heartbeat the operator has not seen change is expired
-//! only after a fresh read from the API shows the same heartbeat, and only by a status write
-//! preconditioned on that read's resourceVersion. A renew that lands in between makes the
-//! write fail with 409 (and the operator decides again); after the write, the CRD refuses any
-//! change of the claim's `spec.renewTime` (CEL), so no renew can succeed once the claim is
-//! `Expired`. Only then may the lease go to someone else.
+//! only by a status write preconditioned on the resourceVersion of a copy that shows the same
+//! heartbeat the operator last saw change. A renew that lands in between makes the write fail
+//! with 409; after the write, the CRD refuses any change of the claim's `spec.renewTime`
+//! (CEL), so no renew can succeed once the claim is `Expired`. Only then may the lease go to
+//! someone else.
 //!
-//! The cache never decides an expiry: not after a partition of the operator alone, nor after
-//! a pause, nor when a watch lags. Whatever the cache missed, the fresh read sees.
+//! The copy is first the one the operator already has (the cache's, or this reconcile's
+//! read): the write succeeds only if the API still stores exactly that version, so a read
+//! before it would show nothing more, and an expiry at its deadline costs one round trip, not
+//! two. When that write conflicts (the cache lags, or the claim changed), a fresh read
+//! decides: the heartbeat it shows is compared with the last one seen, and the write goes on
+//! that read's version. So the cache never decides an expiry on its own: not after a
+//! partition of the operator alone, nor after a pause, nor when a watch lags. Whatever the
+//! cache missed, the precondition refuses and the fresh read sees.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::info;
@@ -60,6 +67,13 @@ pub async fn confirm_and_expire(
 ) -> Result<Confirmed> {
     let (name, uid) = (silent.name, silent.uid);
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
+    if let Some(known) = known_copy(ctx, ns, silent, fresh) {
+        match expire(ctx, &api, known, lease, silent.holder, fresh).await? {
+            // Not the version stored any more: read it, and decide on what it shows.
+            Confirmed::Changed => {}
+            done => return Ok(done),
+        }
+    }
     let read = timed(
         "read claim before expiry",
         ctx.kube.timeout,
@@ -94,7 +108,47 @@ pub async fn confirm_and_expire(
     expire(ctx, &api, claim, lease, silent.holder, fresh).await
 }
 
-/// Writes claim `claim` (as just read) `Expired`, on the resourceVersion it was read at.
+/// The copy of claim `silent` this reconcile already has (its own read, else the cache's),
+/// as the API type, when it may be written `Expired` as it is: it shows the heartbeat the
+/// operator last saw change, no change was seen since the decision, and it is not final yet.
+fn known_copy(
+    ctx: &Context,
+    ns: &str,
+    silent: &Silent<'_>,
+    fresh: &Fresh,
+) -> Option<FencedLeaseClaim> {
+    let known = match fresh.get(silent.uid) {
+        Some(read) => Arc::new(read.clone()?),
+        None => ctx.claims.get(ns, silent.name)?,
+    };
+    let final_phase = known
+        .status
+        .as_ref()
+        .is_some_and(|s| matches!(s.phase, Some(ClaimPhase::Expired | ClaimPhase::Revoked)));
+    let beat = beat_of(&known.spec);
+    if known.metadata.uid.as_deref() != Some(silent.uid)
+        || known.metadata.resource_version.is_none()
+        || final_phase
+        || ctx.heartbeats.moved_since(silent.uid, beat, silent.seen_at)
+    {
+        return None;
+    }
+    let meta = &known.metadata;
+    Some(FencedLeaseClaim {
+        metadata: ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            ..Default::default()
+        },
+        spec: known.spec.clone(),
+        status: Some(known.full_status()),
+    })
+}
+
+/// Writes claim `claim` (a copy showing the heartbeat last seen) `Expired`, on the
+/// resourceVersion of that copy.
 async fn expire(
     ctx: &Context,
     api: &Api<FencedLeaseClaim>,
@@ -117,12 +171,19 @@ async fn expire(
     .await
     {
         Ok(written) => {
+            // Until the watch shows it, the cached copy (still live) must not be repaired
+            // over this final status: the CRD would refuse it, one wasted write each time.
+            ctx.written.wrote(
+                &uid,
+                claim.metadata.resource_version.as_deref(),
+                written.metadata.resource_version.as_deref(),
+            );
             info!(
                 lease,
                 namespace = %ns,
                 claim = %name,
                 holder,
-                "claim expired: no heartbeat for the lease duration (confirmed on a fresh read)"
+                "claim expired: no heartbeat for the lease duration (the write was preconditioned on the version showing the last heartbeat seen)"
             );
             let note = written
                 .status

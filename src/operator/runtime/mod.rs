@@ -14,6 +14,7 @@ pub mod leader;
 pub mod merge;
 pub mod run;
 pub mod runner;
+pub mod share;
 pub mod skeleton;
 pub mod sweep;
 pub mod watch;

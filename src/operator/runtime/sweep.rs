@@ -19,6 +19,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::share::{NAMESPACE_SHARE, Waiting};
 use crate::api::FencedLease;
 use crate::operator::context::Context;
 use crate::operator::names::{joined_name, split_name};
@@ -29,7 +30,8 @@ const POLL: Duration = Duration::from_millis(5);
 const PRUNE: Duration = Duration::from_secs(1);
 
 /// Queues every lease on `triggers` each time `requests` asks (requests that arrive during a
-/// sweep fold into one more sweep), with at most `limit` queued or reconciling, until `stop`.
+/// sweep fold into one more sweep), with at most `limit` queued or reconciling, and a
+/// namespace's share of them at most, until `stop`.
 pub async fn run(
     ctx: Arc<Context>,
     limit: usize,
@@ -72,7 +74,7 @@ pub async fn run(
                 continue;
             };
             let lease = ObjectRef::new(name).within(ns);
-            while swept.len() >= limit {
+            while swept.len() >= limit || swept.in_namespace(ns) >= NAMESPACE_SHARE {
                 if stop.is_cancelled() {
                     return;
                 }
@@ -94,10 +96,12 @@ pub async fn run(
     }
 }
 
-/// Passes every lease trigger from `input` on to `output` (the controller) at once, except
-/// those of leases being deleted: they wait, first come first served, for one of the `limit`
-/// slots the sweep also uses (and for the lease's own reconcile in one of them to finish), so
-/// that a mass deletion never holds more of the controller than the sweep does. Until `stop`.
+/// Passes every lease trigger from `input` on to `output` (the controller): those of leases
+/// being deleted wait, first come first served, for one of the `limit` slots the sweep also
+/// uses (and for the lease's own reconcile in one of them to finish), so that a mass deletion
+/// never holds more of the controller than the sweep does; the others go at once while their
+/// namespace is within its share ([`share`](super::share)), and wait their turn beyond it.
+/// Until `stop`.
 pub async fn route(
     ctx: Arc<Context>,
     limit: usize,
@@ -106,8 +110,10 @@ pub async fn route(
     stop: CancellationToken,
 ) {
     let mut deleting = Deleting::default();
+    let mut waiting = Waiting::default();
     let mut pruned = Instant::now();
     loop {
+        let idle = deleting.is_empty() && waiting.is_empty();
         tokio::select! {
             () = stop.cancelled() => return,
             next = input.recv() => {
@@ -118,20 +124,25 @@ pub async fn route(
                     .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
                 {
                     deleting.push(lease);
-                } else if output.send(lease).is_err() {
+                } else if let Some(lease) =
+                    waiting.admit(lease, &ctx.swept, &ctx.leases, NAMESPACE_SHARE)
+                    && output.send(lease).is_err()
+                {
                     return;
                 }
             }
-            () = tokio::time::sleep(POLL), if !deleting.is_empty() => {}
+            () = tokio::time::sleep(POLL), if !idle => {}
         }
-        if deleting.is_empty() {
+        if deleting.is_empty() && waiting.is_empty() {
             continue;
         }
         if pruned.elapsed() >= PRUNE {
             ctx.swept.prune(&ctx.leases);
             pruned = Instant::now();
         }
-        for lease in deleting.release(&ctx.swept, &ctx.leases, limit) {
+        let waited = waiting.release(&ctx.swept, &ctx.leases, NAMESPACE_SHARE);
+        let deleted = deleting.release(&ctx.swept, &ctx.leases, limit, NAMESPACE_SHARE);
+        for lease in waited.into_iter().chain(deleted) {
             if output.send(lease).is_err() {
                 return;
             }
@@ -158,13 +169,15 @@ impl Deleting {
     }
 
     /// The leases that may be reconciled now, each queued in `swept`: oldest first, as many as
-    /// `limit` leaves room for, none whose last reconcile there has not finished (it goes to
-    /// the back), none the cache no longer has (dropped: there is nothing left to finalize).
+    /// `limit` leaves room for and their namespace's `share` (the other changes of that
+    /// namespace are served first), none whose last reconcile there has not finished (it goes
+    /// to the back), none the cache no longer has (dropped: there is nothing left to finalize).
     fn release(
         &mut self,
         swept: &Swept,
         store: &Store<FencedLease>,
         limit: usize,
+        share: usize,
     ) -> Vec<ObjectRef<FencedLease>> {
         let mut released = Vec::new();
         for _ in 0..self.order.len().min(2 * limit) {
@@ -174,9 +187,10 @@ impl Deleting {
             let Some(lease) = self.order.pop_front() else {
                 break;
             };
+            let ns = lease.namespace.as_deref().unwrap_or_default();
             if store.get(&lease).is_none() {
                 self.held.remove(&lease);
-            } else if swept.contains(&lease) {
+            } else if swept.contains(&lease) || swept.in_namespace(ns) >= share {
                 self.order.push_back(lease);
             } else {
                 self.held.remove(&lease);
@@ -229,21 +243,21 @@ mod tests {
             deleting.push(lease(name));
         }
         swept.queue(lease("x"));
-        let first = deleting.release(&swept, &store, 3);
+        let first = deleting.release(&swept, &store, 3, 3);
         assert_eq!(
             first,
             vec![lease("a"), lease("b")],
             "two free slots of three"
         );
         assert!(
-            deleting.release(&swept, &store, 3).is_empty(),
+            deleting.release(&swept, &store, 3, 3).is_empty(),
             "no slot free"
         );
         swept.finished(&lease("a"));
-        assert_eq!(deleting.release(&swept, &store, 3), vec![lease("c")]);
+        assert_eq!(deleting.release(&swept, &store, 3, 3), vec![lease("c")]);
         swept.finished(&lease("b"));
         swept.finished(&lease("c"));
-        assert_eq!(deleting.release(&swept, &store, 3), vec![lease("d")]);
+        assert_eq!(deleting.release(&swept, &store, 3, 3), vec![lease("d")]);
         assert!(deleting.is_empty());
     }
 
@@ -255,10 +269,10 @@ mod tests {
         deleting.push(lease("a"));
         deleting.push(lease("b"));
         deleting.push(lease("gone"));
-        assert_eq!(deleting.release(&swept, &store, 10), vec![lease("b")]);
+        assert_eq!(deleting.release(&swept, &store, 10, 10), vec![lease("b")]);
         assert!(!deleting.is_empty(), "a waits for its reconcile to finish");
         swept.finished(&lease("a"));
-        assert_eq!(deleting.release(&swept, &store, 10), vec![lease("a")]);
+        assert_eq!(deleting.release(&swept, &store, 10, 10), vec![lease("a")]);
         assert!(deleting.is_empty(), "the lease the cache lacks is dropped");
     }
 }
