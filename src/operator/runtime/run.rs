@@ -151,7 +151,7 @@ fn workers(
             triggers.leases.clone(),
             stop.clone(),
         )),
-        tokio::spawn(wakeups.run(triggers.leases.clone(), stop.clone())),
+        tokio::spawn(wakeups.run(triggers.due.clone(), stop.clone())),
         // Every lease once the caches have synced (one deleted while the operator was down,
         // with no claim to trigger it, say), and after every relist, paced.
         tokio::spawn(sweep::run(
@@ -166,7 +166,7 @@ fn workers(
         tokio::spawn(sweep::route(
             ctx.clone(),
             concurrency,
-            receivers.leases,
+            (receivers.leases, receivers.due),
             to_controller,
             stop.clone(),
         )),

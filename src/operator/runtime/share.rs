@@ -8,7 +8,8 @@
 //!
 //! A trigger of a lease whose reconcile is already queued or running goes on at once: it
 //! takes no slot more (kube-runtime runs that lease once more after), and a hot lease's
-//! hand-overs never wait here.
+//! hand-overs never wait here. A wake-up at a holder's deadline waits, if it must, at the
+//! front of its namespace's queue: an expiry is due, the rest can follow it.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
@@ -19,6 +20,15 @@ use crate::operator::state::Swept;
 
 /// Leases of one namespace queued or reconciling at most, of the controller's 32 slots.
 pub const NAMESPACE_SHARE: usize = 16;
+
+/// Where a trigger that must wait goes in its namespace's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// At the front (a wake-up that is due), moved there if it already waits.
+    First,
+    /// At the back (every other change).
+    Last,
+}
 
 /// Triggers beyond their namespace's share, waiting for it.
 #[derive(Default)]
@@ -39,11 +49,19 @@ impl Waiting {
     pub fn admit(
         &mut self,
         lease: ObjectRef<FencedLease>,
+        turn: Turn,
         swept: &Swept,
         store: &Store<FencedLease>,
         share: usize,
     ) -> Option<ObjectRef<FencedLease>> {
         if self.held.contains(&lease) {
+            if turn == Turn::First {
+                let ns = lease.namespace.as_deref().unwrap_or_default();
+                if let Some(queue) = self.by_namespace.get_mut(ns) {
+                    queue.retain(|l| *l != lease);
+                    queue.push_front(lease);
+                }
+            }
             return None;
         }
         // A lease the cache lacks is not reconciled (the controller reports it): no slot.
@@ -52,12 +70,16 @@ impl Waiting {
         }
         let ns = lease.namespace.clone().unwrap_or_default();
         let queue_empty = self.by_namespace.get(&ns).is_none_or(VecDeque::is_empty);
-        if queue_empty && swept.in_namespace(&ns) < share {
+        if (queue_empty || turn == Turn::First) && swept.in_namespace(&ns) < share {
             swept.queue(lease.clone());
             return Some(lease);
         }
         self.held.insert(lease.clone());
-        self.by_namespace.entry(ns).or_default().push_back(lease);
+        let queue = self.by_namespace.entry(ns).or_default();
+        match turn {
+            Turn::First => queue.push_front(lease),
+            Turn::Last => queue.push_back(lease),
+        }
         None
     }
 
@@ -156,7 +178,7 @@ mod tests {
     fn a_namespace_over_its_share_waits_and_another_goes_at_once() {
         let store = store_of(&[("bulk", "a"), ("bulk", "b"), ("bulk", "c"), ("other", "x")]);
         let (swept, mut waiting) = (Swept::default(), Waiting::default());
-        let admitted = |w: &mut Waiting, l| w.admit(l, &swept, &store, 2);
+        let admitted = |w: &mut Waiting, l| w.admit(l, Turn::Last, &swept, &store, 2);
         assert!(admitted(&mut waiting, lease("bulk", "a")).is_some());
         assert!(admitted(&mut waiting, lease("bulk", "b")).is_some());
         assert!(
@@ -184,6 +206,34 @@ mod tests {
     }
 
     #[test]
+    fn a_due_wake_up_goes_first_in_its_namespace() {
+        let store = store_of(&[("ns", "busy"), ("ns", "a"), ("ns", "b"), ("ns", "due")]);
+        let (swept, mut waiting) = (Swept::default(), Waiting::default());
+        assert!(
+            waiting
+                .admit(lease("ns", "busy"), Turn::Last, &swept, &store, 1)
+                .is_some()
+        );
+        for name in ["a", "due", "b"] {
+            assert!(
+                waiting
+                    .admit(lease("ns", name), Turn::Last, &swept, &store, 1)
+                    .is_none()
+            );
+        }
+        // Its wake-up comes while it waits behind a: it moves to the front.
+        assert!(
+            waiting
+                .admit(lease("ns", "due"), Turn::First, &swept, &store, 1)
+                .is_none()
+        );
+        swept.finished(&lease("ns", "busy"));
+        assert_eq!(waiting.release(&swept, &store, 1), vec![lease("ns", "due")]);
+        swept.finished(&lease("ns", "due"));
+        assert_eq!(waiting.release(&swept, &store, 1), vec![lease("ns", "a")]);
+    }
+
+    #[test]
     fn namespaces_take_turns_and_gone_leases_are_dropped() {
         let store = store_of(&[
             ("n1", "a"),
@@ -201,7 +251,7 @@ mod tests {
             lease("n2", "d"),
             lease("n2", "e"),
         ] {
-            waiting.admit(l, &swept, &store, 0);
+            waiting.admit(l, Turn::Last, &swept, &store, 0);
         }
         // The missing one went on at once; with a share of one, each namespace in turn.
         assert_eq!(

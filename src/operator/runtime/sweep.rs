@@ -19,7 +19,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::share::{NAMESPACE_SHARE, Waiting};
+use super::share::{NAMESPACE_SHARE, Turn, Waiting};
 use crate::api::FencedLease;
 use crate::operator::context::Context;
 use crate::operator::names::{joined_name, split_name};
@@ -100,12 +100,16 @@ pub async fn run(
 /// being deleted wait, first come first served, for one of the `limit` slots the sweep also
 /// uses (and for the lease's own reconcile in one of them to finish), so that a mass deletion
 /// never holds more of the controller than the sweep does; the others go at once while their
-/// namespace is within its share ([`share`](super::share)), and wait their turn beyond it.
+/// namespace is within its share ([`share`](super::share)), and wait their turn beyond it;
+/// those of `due` (wake-ups at a holder's deadline) at the front of their namespace's turn.
 /// Until `stop`.
 pub async fn route(
     ctx: Arc<Context>,
     limit: usize,
-    mut input: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
+    (mut input, mut due): (
+        mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
+        mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
+    ),
     output: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
     stop: CancellationToken,
 ) {
@@ -116,18 +120,15 @@ pub async fn route(
         let idle = deleting.is_empty() && waiting.is_empty();
         tokio::select! {
             () = stop.cancelled() => return,
+            next = due.recv() => {
+                let Some(lease) = next else { return };
+                if !pass(&ctx, &mut deleting, &mut waiting, lease, Turn::First, &output) {
+                    return;
+                }
+            }
             next = input.recv() => {
                 let Some(lease) = next else { return };
-                if ctx
-                    .leases
-                    .get(&lease)
-                    .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
-                {
-                    deleting.push(lease);
-                } else if let Some(lease) =
-                    waiting.admit(lease, &ctx.swept, &ctx.leases, NAMESPACE_SHARE)
-                    && output.send(lease).is_err()
-                {
+                if !pass(&ctx, &mut deleting, &mut waiting, lease, Turn::Last, &output) {
                     return;
                 }
             }
@@ -147,6 +148,29 @@ pub async fn route(
                 return;
             }
         }
+    }
+}
+
+/// Sends `lease` on to `output` now, or keeps it for its turn; false once `output` is closed.
+fn pass(
+    ctx: &Context,
+    deleting: &mut Deleting,
+    waiting: &mut Waiting,
+    lease: ObjectRef<FencedLease>,
+    turn: Turn,
+    output: &mpsc::UnboundedSender<ObjectRef<FencedLease>>,
+) -> bool {
+    if ctx
+        .leases
+        .get(&lease)
+        .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
+    {
+        deleting.push(lease);
+        return true;
+    }
+    match waiting.admit(lease, turn, &ctx.swept, &ctx.leases, NAMESPACE_SHARE) {
+        Some(lease) => output.send(lease).is_ok(),
+        None => true,
     }
 }
 

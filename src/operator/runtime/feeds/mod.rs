@@ -34,6 +34,8 @@ pub struct Triggers {
     /// Leases to reconcile: changes, claim and pod events, wake-ups. Paced by the sweep's
     /// router when the lease is being deleted.
     pub leases: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
+    /// Leases whose wake-up is due (a holder's deadline): served first in their namespace.
+    pub due: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
     /// A (re)list is done: every lease, paced (one request pending is enough).
     pub sweeps: mpsc::Sender<()>,
     /// Claims whose lease the cache lacks.
@@ -45,6 +47,7 @@ pub struct Triggers {
 /// The receiving ends of [`Triggers`].
 pub struct Receivers {
     pub leases: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
+    pub due: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
     pub sweeps: mpsc::Receiver<()>,
     pub claims: mpsc::UnboundedReceiver<ClaimKey>,
     pub orphans: mpsc::UnboundedReceiver<Orphan>,
@@ -52,17 +55,20 @@ pub struct Receivers {
 
 pub fn triggers() -> (Triggers, Receivers) {
     let (leases, lease_rx) = mpsc::unbounded_channel();
+    let (due, due_rx) = mpsc::unbounded_channel();
     let (sweeps, sweep_rx) = mpsc::channel(1);
     let (claims, claim_rx) = mpsc::unbounded_channel();
     let (orphans, orphan_rx) = mpsc::unbounded_channel();
     let triggers = Triggers {
         leases,
+        due,
         sweeps,
         claims,
         orphans,
     };
     let receivers = Receivers {
         leases: lease_rx,
+        due: due_rx,
         sweeps: sweep_rx,
         claims: claim_rx,
         orphans: orphan_rx,
