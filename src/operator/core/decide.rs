@@ -3,8 +3,8 @@
 //! [`LeaseView`] and [`ClaimView`]s, calls [`decide`], and writes the [`Plan`].
 //!
 //! A heartbeat that stopped is never acted on directly: the plan lists the claims to
-//! [`expire`](Plan::expire), the reconciler confirms each on a fresh read and makes it final
-//! on the claim (I9), then decides again. Only a plan with nothing left to expire is written.
+//! [`expire`](Plan::expire), the reconciler makes each final on the claim by a write
+//! preconditioned on a version that shows the heartbeat last seen (I9), then decides again. Only a plan with nothing left to expire is written.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -112,7 +112,8 @@ pub struct Plan {
     /// Claims eligible for the lease, in grant order (the holder excluded): position = index+1.
     pub queue: Vec<String>,
     /// Claims whose heartbeat stopped (the holder, or waiters ahead of the next grant): each
-    /// must be confirmed silent on a fresh read and made `Expired` before this plan may be
+    /// must be confirmed silent (a write preconditioned on the version last seen) and made
+    /// `Expired` before this plan may be
     /// written. The reconciler does that, then decides again.
     pub expire: Vec<String>,
     /// A claim is waiting but no token is left to issue.

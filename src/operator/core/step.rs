@@ -6,8 +6,8 @@
 //!    cache lags the claim cache, and deciding on it would revoke the holder the lease has.
 //! 2. **Confirm the holder** is gone when the decision ends its hold because its claim or
 //!    pod is missing from the cache: only the API may say so.
-//! 3. **Expire** the claims whose heartbeat stopped, each confirmed silent on a fresh read and
-//!    made final (I9), before the lease may move on.
+//! 3. **Expire** the claims whose heartbeat stopped, each made final by a write preconditioned
+//!    on a version that shows the heartbeat last seen (I9), before the lease may move on.
 //! 4. **Read the token record** before the first grant of a lease object: tokens continue
 //!    above the last one issued under its name (I1).
 //! 5. **Write** the status, or be **done** when it already says so.

@@ -1,5 +1,5 @@
 //! The FencedLease reconciler: gather the lease, its claims and their pods from the caches,
-//! [`decide`], confirm and make final any expiry on a fresh read ([`expire`]), write the
+//! [`decide`], make final any expiry on the version last seen ([`expire`]), write the
 //! lease status (the linearization point: one write carrying the resourceVersion it was
 //! decided on), then repair claim statuses and pod annotations from it.
 
