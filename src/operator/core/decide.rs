@@ -4,7 +4,8 @@
 //!
 //! A heartbeat that stopped is never acted on directly: the plan lists the claims to
 //! [`expire`](Plan::expire), the reconciler makes each final on the claim by a write
-//! preconditioned on a version that shows the heartbeat last seen (I9), then decides again. Only a plan with nothing left to expire is written.
+//! preconditioned on a version that shows the heartbeat last seen (I9), then decides again.
+//! Only a plan with nothing left to expire is written.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -113,8 +114,7 @@ pub struct Plan {
     pub queue: Vec<String>,
     /// Claims whose heartbeat stopped (the holder, or waiters ahead of the next grant): each
     /// must be confirmed silent (a write preconditioned on the version last seen) and made
-    /// `Expired` before this plan may be
-    /// written. The reconciler does that, then decides again.
+    /// `Expired` before this plan may be written. The reconciler does that, then decides again.
     pub expire: Vec<String>,
     /// A claim is waiting but no token is left to issue.
     pub tokens_exhausted: bool,

@@ -12,7 +12,8 @@
 //! a condition and a Warning Event, until someone repairs or deletes it. Records older than
 //! [`PRUNE_AFTER`] by the clock are dropped when a record is written: the clock covers them.
 
-use crate::operator::state::records::{locked, raise};
+use crate::operator::state::locked;
+use crate::operator::state::records::raise;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;

@@ -184,8 +184,8 @@ async fn reread(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease) -> R
 }
 
 /// Expires the claims the plan names, each by a write preconditioned on a version showing the
-/// heartbeat last seen ([`confirm_and_expire`]); stops at
-/// the first that changed meanwhile (the next round decides again).
+/// heartbeat last seen ([`confirm_and_expire`]); stops at the first that changed meanwhile
+/// (the next round decides again).
 async fn expire(ctx: &Context, ns: &str, name: &str, d: &Decided, fresh: &mut Fresh) -> Result<()> {
     let holder_uid = d.current.holder.as_ref().map(|h| h.claim_uid.as_str());
     for uid in &d.plan.expire {

@@ -131,9 +131,7 @@ impl Heartbeats {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         // A panic while holding this lock cannot leave the map inconsistent: use it anyway.
-        self.seen
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        super::locked(&self.seen)
     }
 }
 

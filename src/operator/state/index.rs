@@ -86,7 +86,7 @@ impl Index {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        super::locked(&self.inner)
     }
 }
 

@@ -10,7 +10,8 @@
 //!   records waiting to be written, and read ahead of a first grant; [`positions`]: queue
 //!   positions waiting to be written;
 //!   [`bindings`]: its fence bindings and policies as watched;
-//!   [`swept`]: leases queued by the sweep; [`failures`]: failed reconciles in a row.
+//!   [`swept`]: leases queued by the sweep or the router, counted by namespace; [`failures`]:
+//!   failed reconciles in a row.
 
 pub mod bindings;
 pub mod cache;
@@ -37,3 +38,9 @@ pub use positions::Positions;
 pub use records::{PendingRecords, RecordsAhead};
 pub use swept::Swept;
 pub use wakeups::Wakeups;
+
+/// Locks `m`, whether or not a holder panicked: nothing here panics while holding a lock in a
+/// way that leaves its data inconsistent, so a poisoned lock's data is used as it is.
+pub fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -137,7 +137,7 @@ impl Positions {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        super::locked(&self.inner)
     }
 }
 

@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use super::locked;
+
 /// Records queued for the ConfigMaps, by lease namespace. Every lease of a namespace is
 /// recorded in one ConfigMap, so leases deleted together would race optimistic
 /// read-modify-writes on it, most of them lost. Instead one write at a time per ConfigMap
@@ -22,11 +24,6 @@ pub struct Queue {
     pub queued: Mutex<BTreeMap<String, i64>>,
     /// lease -> token, written by someone else's turn, until its own caller collects it.
     pub written: Mutex<BTreeMap<String, i64>>,
-}
-
-/// Locks `m`, whether or not a holder panicked.
-pub fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Raises `lease`'s entry to `token` (never lowers it).

@@ -86,7 +86,7 @@ impl Swept {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        super::locked(&self.inner)
     }
 }
 

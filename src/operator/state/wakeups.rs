@@ -117,7 +117,7 @@ impl Wakeups {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        super::locked(&self.inner)
     }
 }
 
