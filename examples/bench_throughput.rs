@@ -262,11 +262,14 @@ async fn handovers(
     claims.create(&pp, &claim("p-00000", "pair")).await?;
     let first = grants.wait(ns, "p-00000", Duration::from_secs(60)).await?;
     let mut last = first;
+    let mut gaps = vec![];
     for i in 1..=n {
         let (holder, waiter) = (format!("p-{:05}", i - 1), format!("p-{i:05}"));
         claims.create(&pp, &claim(&waiter, "pair")).await?;
         claims.delete(&holder, &DeleteParams::default()).await?;
-        last = grants.wait(ns, &waiter, Duration::from_secs(60)).await?;
+        let at = grants.wait(ns, &waiter, Duration::from_secs(60)).await?;
+        gaps.push(ms(at - last));
+        last = at;
     }
     let rate = n as f64 / (last - first).as_secs_f64();
     results.value(
@@ -276,6 +279,14 @@ async fn handovers(
         rate,
         "/s",
         "create the next claim, delete the holder's, wait for the grant",
+    );
+    results.samples(
+        "rates",
+        "fenced-lease",
+        "hand-over gap, one lease, 1 waiter",
+        &gaps,
+        "ms",
+        "grant seen -> next grant seen",
     );
     Ok(())
 }
@@ -312,8 +323,22 @@ async fn queue_handovers(
         create_all(claims, behind, 32).await?;
         println!("{queued} claims queued on lease {lease_name}");
     }
-    let mut times = vec![];
-    for name in &names[..=measured] {
+    // Hand-overs are measured on a settled queue: every claim has had its first answer (its
+    // place in the queue), so the operator is not still answering new claims meanwhile.
+    let prefix = format!("{lease_name}-");
+    let settled = grants
+        .wait_answered(ns, &prefix, queued + 1, Duration::from_secs(1200))
+        .await?;
+    println!(
+        "{} claims on lease {lease_name} answered {:.1} s after the last create",
+        queued + 1,
+        settled.as_secs_f64()
+    );
+    // The clock starts when the first holder lets go (it was granted before the wait).
+    grants.wait(ns, &names[0], Duration::from_secs(60)).await?;
+    let mut times = vec![Instant::now()];
+    claims.delete(&names[0], &DeleteParams::default()).await?;
+    for name in &names[1..=measured] {
         let at = grants.wait(ns, name, Duration::from_secs(60)).await?;
         times.push(at);
         claims.delete(name, &DeleteParams::default()).await?;
@@ -339,7 +364,7 @@ async fn queue_handovers(
         &format!("hand-over gap, one lease, {what}"),
         &gaps,
         "ms",
-        "grant seen -> next grant seen",
+        "grant seen (the first: holder deletes) -> next grant seen",
     );
     Ok(())
 }

@@ -686,6 +686,39 @@ impl Grants {
         }
     }
 
+    /// Claims of `ns` whose name starts with `prefix` that the watch sees with a status.
+    pub fn answered(&self, ns: &str, prefix: &str) -> usize {
+        let s = self.state.lock().unwrap();
+        let prefix = format!("{ns}/{prefix}");
+        s.phase
+            .iter()
+            .filter(|(k, p)| k.starts_with(&prefix) && p.is_some())
+            .count()
+    }
+
+    /// Waits until `count` claims of `ns` named `prefix...` have a status; fails after `timeout`.
+    pub async fn wait_answered(
+        &self,
+        ns: &str,
+        prefix: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Res<Duration> {
+        let started = Instant::now();
+        loop {
+            let answered = self.answered(ns, prefix);
+            if answered >= count {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                return fail(format!(
+                    "{answered} of {count} claims {ns}/{prefix}* had a status after {timeout:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Claims of namespace `ns` ever seen Granted, and the instants of the first and last grant.
     pub fn granted_in(&self, ns: &str) -> (usize, Option<Instant>, Option<Instant>) {
         let s = self.state.lock().unwrap();

@@ -281,3 +281,66 @@ async fn a_grant_on_a_new_lease_costs_four_writes_and_an_event() {
         "the token finalizer"
     );
 }
+
+/// Lease reconciles so far, from the operator's `/metrics`.
+async fn reconciles(op: &OperatorProcess) -> u64 {
+    let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
+        .await
+        .expect("metrics");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fenced_lease_reconcile_duration_seconds_count "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("the reconcile count") as u64
+}
+
+/// A hand-over costs one reconcile of the lease, the one its release triggers: the watch
+/// events of the operator's own writes (the lease status, the new holder's claim status, the
+/// waiters' queue positions) trigger none, since the reconcile that wrote them decided on
+/// everything before them. On a lease with a long queue every reconcile compares every
+/// claim; before, each hand-over cost three or more.
+#[tokio::test]
+async fn a_hand_over_costs_one_reconcile() {
+    const WAITERS: usize = 20;
+    const HANDOVERS: usize = 10;
+    let _counted = COUNTED.lock().await;
+    let ns = TestNamespace::new("handover-reconciles").await;
+    let op = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("l", 60);
+    for i in 0..=WAITERS {
+        ns.create_claim(&format!("c-{i:02}"), "l", None).await;
+    }
+    wait_for("the first grant", WAIT, || ns.granted_token("c-00")).await;
+    let changes = Arc::new(AtomicU64::new(0));
+    count_changes(ns.api::<FencedLeaseClaim>(), changes.clone()).await;
+    count_changes(ns.api::<FencedLease>(), changes.clone()).await;
+    let claims = ns.api::<FencedLeaseClaim>();
+    wait_for("every waiter's place in the queue", WAIT, || async {
+        let list = claims.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .all(|c| c.status.as_ref().is_some_and(|s| s.phase.is_some()))
+            .then_some(())
+    })
+    .await;
+    settled(&changes).await;
+    let before = reconciles(&op).await;
+    for i in 0..HANDOVERS {
+        claims
+            .delete(&format!("c-{i:02}"), &Default::default())
+            .await
+            .expect("release");
+        let next = format!("c-{:02}", i + 1);
+        wait_for("the next grant", WAIT, || ns.granted_token(&next)).await;
+    }
+    // The queue positions are written once the queue is still, and their events settle.
+    settled(&changes).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settled(&changes).await;
+    let spent = reconciles(&op).await - before;
+    eprintln!("MEASURED {HANDOVERS} hand-overs: {spent} lease reconciles");
+    assert!(
+        spent <= HANDOVERS as u64 + 2,
+        "{spent} reconciles for {HANDOVERS} hand-overs: one each, and at most two more"
+    );
+}

@@ -8,9 +8,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::expire::Fresh;
 use super::pods;
-use super::write_status::{current_claims, newest_grant};
+use super::write_status::newest_grant;
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::Plan;
@@ -21,20 +20,33 @@ use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
 use crate::operator::state::positions::{self, PositionWrite};
 
-/// Brings every claim of the lease in line with the lease status: first those that lose or
-/// wait, then the holder, so no moment shows two claims `Granted`. Waiting claims that only
-/// moved up the queue are left to the position writer ([`positions`](crate::operator::state::positions)):
-/// a hand-over writes O(1) claims however long the queue behind it.
+/// Brings every claim of the lease in line with the lease status. First the claims a grant
+/// changes (the holder that ends, any other claim still shown `Granted`, then the new
+/// holder, so no moment shows two claims `Granted`), before the rest of the queue is even
+/// looked at: a hand-over's own writes do not wait for a long queue to be compared. Then the
+/// others; waiting claims that only moved up the queue are left to the position writer
+/// ([`positions`](crate::operator::state::positions)): a hand-over writes O(1) claims
+/// however long the queue behind it.
 pub async fn repair(
     ctx: &Context,
     status: &FencedLeaseStatus,
     plan: &Plan,
-    fresh: &Fresh,
+    claims: Vec<Arc<CachedClaim>>,
     ns: &str,
     name: &str,
 ) -> Result<()> {
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
-    let (now, moves): (Vec<_>, Vec<_>) = to_write(ctx, status, plan, fresh, ns, name)
+    let (grant, rest): (Vec<_>, Vec<_>) = claims
+        .into_iter()
+        .partition(|c| on_grant_path(c, status, plan));
+    write_all(
+        ctx,
+        &api,
+        to_write(ctx, status, plan, grant, name),
+        (ns, name),
+    )
+    .await?;
+    let (now, moves): (Vec<_>, Vec<_>) = to_write(ctx, status, plan, rest, name)
         .into_iter()
         .partition(|(claim, desired)| !positions::only_moved(claim.status.as_ref(), desired));
     let moves = moves
@@ -45,7 +57,30 @@ pub async fn repair(
         })
         .collect();
     ctx.positions.leave(ns, name, moves, Instant::now());
-    for (claim, desired) in now {
+    write_all(ctx, &api, now, (ns, name)).await
+}
+
+/// Whether a claim's status changes with the grant itself: the holder, the holder that
+/// ended, or a claim still shown `Granted`.
+fn on_grant_path(claim: &CachedClaim, status: &FencedLeaseStatus, plan: &Plan) -> bool {
+    let uid = claim.metadata.uid.as_deref();
+    uid.is_some_and(|uid| {
+        status.holder.as_ref().is_some_and(|h| h.claim_uid == uid)
+            || plan.ended.as_ref().is_some_and(|e| e.uid == uid)
+    }) || claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.phase == Some(ClaimPhase::Granted))
+}
+
+/// Writes each claim's status in turn, with the Events its change calls for.
+async fn write_all(
+    ctx: &Context,
+    api: &Api<FencedLeaseClaim>,
+    writes: Vec<(Arc<CachedClaim>, FencedLeaseClaimStatus)>,
+    (ns, name): (&str, &str),
+) -> Result<()> {
+    for (claim, desired) in writes {
         let was = ClaimWas {
             phase: claim.status.as_ref().and_then(|s| s.phase),
             pod_missing: claim
@@ -53,7 +88,7 @@ pub async fn repair(
                 .as_ref()
                 .is_some_and(|s| s.has_condition("PodFound", "False")),
         };
-        if !write(ctx, &api, &claim, &desired, Over::Any).await? {
+        if !write(ctx, api, &claim, &desired, Over::Any).await? {
             continue;
         }
         let pod = claim.spec.pod_name.as_deref();
@@ -66,19 +101,18 @@ pub async fn repair(
     Ok(())
 }
 
-/// The claims whose status differs from what the lease status implies, with that status, in
-/// the order to write them.
+/// Those of `claims` whose status differs from what the lease status implies, with that
+/// status, in the order to write them.
 fn to_write(
     ctx: &Context,
     status: &FencedLeaseStatus,
     plan: &Plan,
-    fresh: &Fresh,
-    ns: &str,
+    claims: Vec<Arc<CachedClaim>>,
     name: &str,
 ) -> Vec<(Arc<CachedClaim>, FencedLeaseClaimStatus)> {
     let now = Timestamp::now();
     let holder = status.holder.as_ref();
-    let mut writes: Vec<_> = current_claims(ctx, ns, name, fresh)
+    let mut writes: Vec<_> = claims
         .into_iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
         // A claim whose cached copy this operator has already written over: its watch event
@@ -140,6 +174,9 @@ pub async fn write(
         patch["metadata"] = json!({"resourceVersion": claim.metadata.resource_version});
     }
     let (params, patch) = (PatchParams::apply(MANAGER).force(), Patch::Apply(&patch));
+    let flight = ctx
+        .written
+        .writing(claim.metadata.uid.as_deref().unwrap_or_default());
     let written = timed(
         "write claim status",
         ctx.kube.timeout,
@@ -147,8 +184,7 @@ pub async fn write(
     );
     match written.await {
         Ok(written) => {
-            ctx.written.wrote(
-                claim.metadata.uid.as_deref().unwrap_or_default(),
+            flight.wrote(
                 claim.metadata.resource_version.as_deref(),
                 written.metadata.resource_version.as_deref(),
             );

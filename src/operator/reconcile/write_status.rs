@@ -1,6 +1,7 @@
 //! A lease's status decided and written: each round decides on the caches and what this
 //! reconcile has read from the API, and carries out the [`next_step`] it names.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,8 +26,9 @@ use crate::operator::state::CachedClaim;
 const MAX_STEPS: usize = 16;
 
 /// The status the decision started from, the lease as written (or as read, when nothing
-/// changed), the plan it carries, and the claims read fresh on the way.
-pub type Written = (FencedLeaseStatus, FencedLease, Plan, Fresh);
+/// changed), the plan it carries, and the lease's claims: as gathered from the cache, and
+/// those read fresh on the way (which take the place of their cached copies).
+pub type Written = (FencedLeaseStatus, FencedLease, Plan, Gathered, Fresh);
 
 /// How [`write_lease_status`] ended.
 pub enum Outcome {
@@ -56,8 +58,9 @@ pub async fn write_lease_status(
 ) -> Result<Outcome> {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     let mut reads = Reads::default();
+    let gathered = Gathered::new(ctx, &lease);
     for _ in 0..MAX_STEPS {
-        let d = decide_round(ctx, &lease, &reads, &ns);
+        let d = decide_round(ctx, &lease, &gathered, &reads);
         let round = Round {
             current: &d.current,
             newest_grant: newest_grant(&d.claims),
@@ -79,7 +82,11 @@ pub async fn write_lease_status(
                 let record = token_records::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
             }
-            Step::Done => return Ok(written(d.current, lease, d.plan, reads.fresh)),
+            Step::Done => {
+                let (current, plan) = (d.current, d.plan);
+                drop((d.claims, d.views));
+                return Ok(written(current, lease, plan, gathered, reads.fresh));
+            }
             Step::Write => match write(ctx, api, &lease, d.desired).await? {
                 Wrote::Lease(w) => {
                     if w.status.as_ref().is_some_and(|s| s.fencing_token > 0)
@@ -87,7 +94,9 @@ pub async fn write_lease_status(
                     {
                         ctx.records_ahead.forget(uid);
                     }
-                    return Ok(written(d.current, *w, d.plan, reads.fresh));
+                    let (current, plan) = (d.current, d.plan);
+                    drop((d.claims, d.views));
+                    return Ok(written(current, *w, plan, gathered, reads.fresh));
                 }
                 Wrote::Conflict(read) => lease = *read,
                 Wrote::Gone => return Ok(Outcome::Gone),
@@ -98,34 +107,54 @@ pub async fn write_lease_status(
     Err(Error::Contended(format!("{ns}/{name}")))
 }
 
-fn written(before: FencedLeaseStatus, lease: FencedLease, plan: Plan, fresh: Fresh) -> Outcome {
-    Outcome::Written(Box::new((before, lease, plan, fresh)))
-}
-
-/// One round's decision, and what it rests on.
-struct Decided {
-    current: FencedLeaseStatus,
-    claims: Vec<Arc<CachedClaim>>,
-    views: Vec<ClaimView>,
+fn written(
+    before: FencedLeaseStatus,
+    lease: FencedLease,
     plan: Plan,
-    /// The status the plan implies.
-    desired: FencedLeaseStatus,
+    gathered: Gathered,
+    fresh: Fresh,
+) -> Outcome {
+    Outcome::Written(Box::new((before, lease, plan, gathered, fresh)))
 }
 
-/// Decides on the lease as last read, its claims (the cache, overlaid with what was read),
-/// and their pods' presence, above the token record when it has been read.
-fn decide_round(ctx: &Context, lease: &FencedLease, reads: &Reads, ns: &str) -> Decided {
-    let name = lease.name_any();
-    let claims = current_claims(ctx, ns, &name, &reads.fresh);
-    let current = lease.status.clone().unwrap_or_default();
-    let holder_pod_uid = current.holder.as_ref().and_then(|h| h.pod_uid.clone());
-    let holder_uid = current.holder.as_ref().map(|h| h.claim_uid.clone());
+/// A lease's claims as the caches have them when its reconcile begins, with what the decision
+/// reads of each. Gathered once per reconcile, not once per round: on a lease with a long
+/// queue, reading every claim from the caches is most of a reconcile's work. What a round has
+/// read from the API takes the place of a claim's cached copy (see [`Gathered::overlaid`]);
+/// a copy gathered a few milliseconds earlier than the round decides is no staler than the
+/// caches always may be, and nothing is decided on it that the API has not confirmed.
+pub struct Gathered {
+    pub claims: Vec<Arc<CachedClaim>>,
+    views: Vec<ClaimView>,
+    /// The holder (claim UID, pod UID) the views' pod presence was judged for.
+    holder: Holder,
+}
+
+/// A lease's holder as far as its pod goes: the claim UID and the pod UID it was granted to.
+type Holder = (Option<String>, Option<String>);
+
+/// The holder a lease status names.
+fn holder_of(status: Option<&FencedLeaseStatus>) -> Holder {
+    let holder = status.and_then(|s| s.holder.as_ref());
+    (
+        holder.map(|h| h.claim_uid.clone()),
+        holder.and_then(|h| h.pod_uid.clone()),
+    )
+}
+
+/// The claims' views, each pod's presence judged against the pod the holder was granted to.
+fn views(
+    ctx: &Context,
+    claims: &[Arc<CachedClaim>],
+    holder: &Holder,
+    reads: &Reads,
+) -> Vec<ClaimView> {
     let now = Instant::now();
-    let views: Vec<ClaimView> = claims
+    claims
         .iter()
         .map(|c| {
-            let granted_to = (c.metadata.uid == holder_uid)
-                .then_some(holder_pod_uid.as_deref())
+            let granted_to = (c.metadata.uid == holder.0)
+                .then_some(holder.1.as_deref())
                 .flatten();
             let confirmed = c.metadata.uid.as_ref().and_then(|u| reads.pods.get(u));
             let pod = confirmed
@@ -133,7 +162,61 @@ fn decide_round(ctx: &Context, lease: &FencedLease, reads: &Reads, ns: &str) -> 
                 .unwrap_or_else(|| pods::presence(c, &ctx.pods, granted_to));
             claim_view(ctx, c, pod, now)
         })
-        .collect();
+        .collect()
+}
+
+impl Gathered {
+    fn new(ctx: &Context, lease: &FencedLease) -> Gathered {
+        let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+        let claims = claims_of(ctx, &ns, &name);
+        let holder = holder_of(lease.status.as_ref());
+        let views = views(ctx, &claims, &holder, &Reads::default());
+        Gathered {
+            claims,
+            views,
+            holder,
+        }
+    }
+
+    /// The claims and their views with what `reads` learnt from the API over the cached
+    /// copies, for a lease held by `holder`; borrowed as gathered when nothing was read and
+    /// the holder is the one gathered for.
+    fn overlaid(&self, ctx: &Context, reads: &Reads, holder: &Holder) -> Overlaid<'_> {
+        if reads.fresh.is_empty() && reads.pods.is_empty() && *holder == self.holder {
+            return (Cow::Borrowed(&self.claims), Cow::Borrowed(&self.views));
+        }
+        let claims = overlay(self.claims.clone(), &reads.fresh);
+        let views = views(ctx, &claims, holder, reads);
+        (Cow::Owned(claims), Cow::Owned(views))
+    }
+}
+
+/// Claims and their views, borrowed or overlaid.
+type Overlaid<'g> = (Cow<'g, [Arc<CachedClaim>]>, Cow<'g, [ClaimView]>);
+
+/// One round's decision, and what it rests on.
+struct Decided<'g> {
+    current: FencedLeaseStatus,
+    claims: Cow<'g, [Arc<CachedClaim>]>,
+    views: Cow<'g, [ClaimView]>,
+    plan: Plan,
+    /// The status the plan implies.
+    desired: FencedLeaseStatus,
+}
+
+/// Decides on the lease as last read, its claims (as gathered, overlaid with what was read),
+/// and their pods' presence, above the token record when it has been read.
+fn decide_round<'g>(
+    ctx: &Context,
+    lease: &FencedLease,
+    gathered: &'g Gathered,
+    reads: &Reads,
+) -> Decided<'g> {
+    let current = lease.status.clone().unwrap_or_default();
+    let holder = holder_of(Some(&current));
+    let (claims, views) = gathered.overlaid(ctx, reads, &holder);
+    let holder_uid = holder.0;
+    let now = Instant::now();
     let view = LeaseView {
         holder_uid,
         last_token: current.fencing_token,
@@ -186,7 +269,13 @@ async fn reread(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease) -> R
 /// Expires the claims the plan names, each by a write preconditioned on a version showing the
 /// heartbeat last seen ([`confirm_and_expire`]); stops at the first that changed meanwhile
 /// (the next round decides again).
-async fn expire(ctx: &Context, ns: &str, name: &str, d: &Decided, fresh: &mut Fresh) -> Result<()> {
+async fn expire(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    d: &Decided<'_>,
+    fresh: &mut Fresh,
+) -> Result<()> {
     let holder_uid = d.current.holder.as_ref().map(|h| h.claim_uid.as_str());
     for uid in &d.plan.expire {
         let Some(claim) = d.views.iter().find(|v| &v.uid == uid) else {
@@ -226,6 +315,9 @@ async fn write(
     update.status = Some(desired);
     update.metadata.managed_fields = None;
     let params = PostParams::default();
+    let flight = ctx
+        .written
+        .writing(lease.metadata.uid.as_deref().unwrap_or_default());
     let result = timed(
         "write lease status",
         ctx.kube.timeout,
@@ -233,14 +325,14 @@ async fn write(
     );
     match result.await {
         Ok(written) => {
-            ctx.written.wrote(
-                written.metadata.uid.as_deref().unwrap_or_default(),
+            flight.wrote(
                 update.metadata.resource_version.as_deref(),
                 written.metadata.resource_version.as_deref(),
             );
             Ok(Wrote::Lease(Box::new(written)))
         }
         Err(e) if e.is_conflict() => {
+            drop(flight);
             ctx.metrics.conflicts.inc();
             info!(lease = %name, namespace = ?lease.namespace(), "lease changed since it was read; deciding again");
             let Some(read) = timed("read lease", ctx.kube.timeout, api.get_opt(&name)).await?
@@ -290,7 +382,7 @@ fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant
 /// A hold ends because its claim or pod is gone only when the API says so. When the cache
 /// alone says so (it has not heard of the claim or its pod yet), the holder's claim and pod
 /// presence as the API has them are recorded in `reads`, to decide again on.
-async fn confirm_holder(ctx: &Context, ns: &str, d: &Decided, reads: &mut Reads) -> Result<()> {
+async fn confirm_holder(ctx: &Context, ns: &str, d: &Decided<'_>, reads: &mut Reads) -> Result<()> {
     let (Some(ended), Some(holder)) = (&d.plan.ended, &d.current.holder) else {
         return Ok(());
     };
@@ -333,14 +425,9 @@ pub fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> 
         .collect()
 }
 
-/// The lease's claims: the cache, overlaid with what this reconcile read from the API.
-pub fn current_claims(
-    ctx: &Context,
-    ns: &str,
-    lease: &str,
-    fresh: &Fresh,
-) -> Vec<Arc<CachedClaim>> {
-    let mut claims: Vec<Arc<CachedClaim>> = claims_of(ctx, ns, lease)
+/// `claims` with those read from the API (`fresh`) in place of their cached copies.
+pub fn overlay(claims: Vec<Arc<CachedClaim>>, fresh: &Fresh) -> Vec<Arc<CachedClaim>> {
+    let mut claims: Vec<Arc<CachedClaim>> = claims
         .into_iter()
         .filter(|c| {
             !c.metadata

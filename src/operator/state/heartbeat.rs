@@ -93,14 +93,17 @@ impl Heartbeats {
 
     /// When the heartbeat of `uid` last changed; `now` if it has never been seen.
     pub fn last_change(&self, uid: &str, now: Instant) -> Instant {
-        self.lock()
-            .entry(uid.to_owned())
-            .or_insert(Seen {
-                beat: None,
-                changed_at: now,
-                print: None,
-            })
-            .changed_at
+        let mut seen = self.lock();
+        if let Some(s) = seen.get(uid) {
+            return s.changed_at; // no key copied: this runs for every claim of a lease
+        }
+        let first = Seen {
+            beat: None,
+            changed_at: now,
+            print: None,
+        };
+        seen.insert(uid.to_owned(), first);
+        now
     }
 
     /// Whether claim `uid`, whose heartbeat the operator had last seen change at `seen_at`

@@ -10,12 +10,13 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
-use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, touched};
+use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, reconcile, touched};
 use crate::api::{FencedLease, FencedLeaseClaim};
 use crate::operator::context::Kube;
 use crate::operator::runtime::watch;
 use crate::operator::state::cache::{Writer, map_event};
 use crate::operator::state::heartbeat::{Heartbeats, beat_of};
+use crate::operator::state::own_writes::Trigger;
 use crate::operator::state::{CachedClaim, Keyed};
 
 /// The claim watch of `namespaces` (all when empty), feeding `memory` through `writer`.
@@ -39,12 +40,6 @@ where
         .inspect_ok(move |event| writer.apply(event))
         .inspect_ok(move |event| {
             let changed = observe_heartbeats(&memory.heartbeats, event);
-            own_writes(&memory.written, event, |c| {
-                (
-                    c.metadata.uid.as_deref(),
-                    c.metadata.resource_version.as_deref(),
-                )
-            });
             let store = &memory.claims;
             index_event(&memory.claims_by_lease, store, event, |c| {
                 vec![c.spec.lease_name.clone()]
@@ -52,7 +47,18 @@ where
             index_event(&memory.claims_by_pod, store, event, |c| {
                 c.spec.pod_name.iter().cloned().collect()
             });
-            send_triggers(&memory, &triggers, event, changed);
+            let trigger = send_triggers(&memory, &triggers, event, changed);
+            own_writes(
+                &memory.written,
+                event,
+                |c| {
+                    (
+                        c.metadata.uid.as_deref(),
+                        c.metadata.resource_version.as_deref(),
+                    )
+                },
+                trigger,
+            );
         })
         // Heartbeats may have been missed: every claim gets a full term, as after a restart.
         .inspect_err(move |_| on_error.restart_all(Instant::now()))
@@ -60,13 +66,14 @@ where
 
 /// What a claim event asks for: a sweep after a (re)list (not one trigger per listed claim:
 /// thousands at once are what the sweep avoids); the claim reconciler for a claim whose lease
-/// the cache lacks; its lease's reconcile when something besides its heartbeat changed.
+/// the cache lacks (both sent here); its lease's reconcile when something besides its
+/// heartbeat changed (returned, to be sent unless the change is the operator's own write).
 fn send_triggers(
     memory: &Memory,
     triggers: &Triggers,
     event: &watcher::Event<CachedClaim>,
     changed: bool,
-) {
+) -> Option<Trigger> {
     if matches!(event, watcher::Event::InitDone) {
         let _ = triggers.sweeps.try_send(());
     }
@@ -82,15 +89,16 @@ fn send_triggers(
     // A heartbeat alone only moves the holder's deadline later: the lease's timer already
     // wakes it then, so it costs no reconcile (and no write).
     if !changed || is_listed(event) {
-        return;
+        return None;
     }
-    for claim in touched(event) {
-        if let Some(ns) = claim.metadata.namespace.as_deref() {
-            let _ = triggers
-                .leases
-                .send(ObjectRef::new(&claim.spec.lease_name).within(ns));
-        }
-    }
+    let leases = touched(event)
+        .iter()
+        .filter_map(|claim| {
+            let ns = claim.metadata.namespace.as_deref()?;
+            Some(ObjectRef::new(&claim.spec.lease_name).within(ns))
+        })
+        .collect();
+    reconcile(triggers, leases)
 }
 
 /// The claim reconciler acts only on a claim whose lease the cache lacks; the others are not

@@ -10,7 +10,7 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{Memory, Triggers, own_writes};
+use super::{Memory, Triggers, own_writes, reconcile};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::metrics::Metrics;
@@ -37,17 +37,24 @@ where
         .modify(prune)
         .reflect(writer)
         .inspect_ok(move |event| {
-            own_writes(&memory.written, event, |l| {
-                (
-                    l.metadata.uid.as_deref(),
-                    l.metadata.resource_version.as_deref(),
-                )
-            });
+            // A change: reconcile that lease now (not the operator's own write: the reconcile
+            // that wrote it decided on everything before it).
+            let trigger = match event {
+                watcher::Event::Apply(lease) => reconcile(&triggers, vec![lease_key(lease)]),
+                _ => None,
+            };
+            own_writes(
+                &memory.written,
+                event,
+                |l| {
+                    (
+                        l.metadata.uid.as_deref(),
+                        l.metadata.resource_version.as_deref(),
+                    )
+                },
+                trigger,
+            );
             match event {
-                // A change: reconcile that lease now.
-                watcher::Event::Apply(lease) => {
-                    let _ = triggers.leases.send(lease_key(lease));
-                }
                 // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
                 watcher::Event::InitDone => {
                     memory.leases_listed.store(true, Ordering::Release);

@@ -24,6 +24,7 @@ use crate::operator::metrics::Metrics;
 use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::orphans::Orphan;
 use crate::operator::state::cache::Writer;
+use crate::operator::state::own_writes::Trigger;
 use crate::operator::state::{
     Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions, Wakeups,
 };
@@ -209,26 +210,49 @@ fn index_event<K: Keyed + Clone>(
     }
 }
 
-/// Keeps the marks of the operator's own writes in step with a watch: a watch event showing
-/// the cache past a write removes its mark, and a deleted object's marks go. `version` gives
-/// an object's UID and resourceVersion.
+/// Keeps the marks of the operator's own writes in step with a watch, and sends what the
+/// event asks for (`trigger`) unless it shows only a write of this operator that no reconcile
+/// waits for (see [`OwnWrites::seen`]). A watch event showing the cache past a write removes
+/// its mark, and a deleted object's marks go. `version` gives an object's UID and
+/// resourceVersion. Call once the caches and indexes have the event.
 fn own_writes<K>(
     written: &OwnWrites,
     event: &watcher::Event<K>,
     version: impl Fn(&K) -> (Option<&str>, Option<&str>),
+    trigger: Option<Trigger>,
 ) {
     match event {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
             let (uid, resource_version) = version(o);
-            written.seen(uid, resource_version);
+            written.seen(uid, resource_version, trigger);
         }
         watcher::Event::Delete(o) => {
             if let (Some(uid), _) = version(o) {
                 written.forget(uid);
             }
+            if let Some(t) = trigger {
+                t();
+            }
         }
-        watcher::Event::Init | watcher::Event::InitDone => {}
+        watcher::Event::Init | watcher::Event::InitDone => {
+            if let Some(t) = trigger {
+                t();
+            }
+        }
     }
+}
+
+/// A trigger that reconciles `leases`.
+fn reconcile(triggers: &Triggers, leases: Vec<ObjectRef<FencedLease>>) -> Option<Trigger> {
+    if leases.is_empty() {
+        return None;
+    }
+    let send = triggers.leases.clone();
+    Some(Box::new(move || {
+        for lease in leases {
+            let _ = send.send(lease);
+        }
+    }))
 }
 
 /// A deletion with the cache's copy of the object in it when the copy is of the same object

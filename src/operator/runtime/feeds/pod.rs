@@ -9,7 +9,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, touched};
+use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, reconcile, touched};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::reconcile::orphans::Orphan;
@@ -39,9 +39,6 @@ pub fn feed(
     .map_ok(move |event| last_known(&cached, event, |p| p.uid.as_deref()))
     .inspect_ok(move |event| writer.apply(event))
     .inspect_ok(move |event| {
-        own_writes(&memory.written, event, |p| {
-            (p.uid.as_deref(), p.resource_version.as_deref())
-        });
         index_event(
             &memory.pods_by_lease,
             &memory.pods,
@@ -51,6 +48,7 @@ pub fn feed(
         if matches!(event, watcher::Event::InitDone) {
             let _ = triggers.sweeps.try_send(());
         }
+        let mut reconciles = vec![];
         for pod in touched(event) {
             for lease in leases_of_pod(&memory, pod) {
                 if memory.leases.get(&lease).is_none() && pod.token(&lease.name).is_some() {
@@ -61,10 +59,18 @@ pub fn feed(
                     });
                 }
                 if !is_listed(event) {
-                    let _ = triggers.leases.send(lease);
+                    reconciles.push(lease);
                 }
             }
         }
+        // Not for the operator's own annotation: the reconcile that wrote it is done with it.
+        let trigger = reconcile(&triggers, reconciles);
+        own_writes(
+            &memory.written,
+            event,
+            |p| (p.uid.as_deref(), p.resource_version.as_deref()),
+            trigger,
+        );
     })
 }
 
