@@ -190,12 +190,15 @@ fn waiting(
             "waiting for lease {lease_name}: position {} in the queue",
             p + 1
         ),
-        (Some(_), _, _) => {
-            format!("waiting for lease {lease_name}: more than {POSITIONS_SHOWN} claims ahead")
-        }
+        (Some(_), _, _) => beyond_shown(lease_name),
         (None, _, _) => format!("waiting for lease {lease_name}"),
     };
     (queue_position, Some(message))
+}
+
+/// The message of a claim waiting further back than the positions shown.
+pub fn beyond_shown(lease_name: &str) -> String {
+    format!("waiting for lease {lease_name}: more than {POSITIONS_SHOWN} claims ahead")
 }
 
 /// Conditions `LeaseFound` (true: the lease reconciler writes it) and, for a claim that names

@@ -13,8 +13,8 @@ use super::write_status::newest_grant;
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::Plan;
-use crate::operator::core::status;
 use crate::operator::core::transitions::{self, ClaimWas};
+use crate::operator::core::{status, unchanged};
 use crate::operator::error::{Result, timed};
 use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
@@ -112,6 +112,7 @@ fn to_write(
 ) -> Vec<(Arc<CachedClaim>, FencedLeaseClaimStatus)> {
     let now = Timestamp::now();
     let holder = status.holder.as_ref();
+    let beyond = status::beyond_shown(name);
     let mut writes: Vec<_> = claims
         .into_iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -128,10 +129,12 @@ fn to_write(
         // and must not revoke it.
         .filter(|c| newest_grant(std::slice::from_ref(c)) <= status.fencing_token)
         .filter_map(|c| {
-            let granted_to = holder
-                .filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()))
-                .and_then(|h| h.pod_uid.as_deref());
+            let held = holder.filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()));
+            let granted_to = held.and_then(|h| h.pod_uid.as_deref());
             let presence = pods::presence(&c, &ctx.pods, granted_to);
+            if held.is_none() && unchanged::waits_unchanged(&c, plan, presence, &beyond) {
+                return None; // far back in the queue, and already says so
+            }
             let desired = status::claim_status(&c, name, status, plan, presence, now);
             let same = c.status.as_ref().is_some_and(|s| *s == desired);
             (!same).then_some((c, desired))

@@ -58,8 +58,15 @@ pub async fn write_lease_status(
 ) -> Result<Outcome> {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     let mut reads = Reads::default();
-    let gathered = Gathered::new(ctx, &lease);
+    let mut gathered = Gathered::new(ctx, &lease);
+    // The lease changed under this reconcile (another replica wrote it, say): what the caches
+    // showed of its claims when it began may be older than that write, so they are gathered
+    // again, as fresh as the caches are now.
+    let mut lease_moved = false;
     for _ in 0..MAX_STEPS {
+        if std::mem::take(&mut lease_moved) {
+            gathered = Gathered::new(ctx, &lease);
+        }
         let d = decide_round(ctx, &lease, &gathered, &reads);
         let round = Round {
             current: &d.current,
@@ -71,7 +78,11 @@ pub async fn write_lease_status(
             Step::ReadLease => {
                 reads.known.lease_read = true;
                 match reread(ctx, api, &lease).await? {
-                    Reread::Lease(read) => lease = *read,
+                    Reread::Lease(read) => {
+                        lease_moved =
+                            read.metadata.resource_version != lease.metadata.resource_version;
+                        lease = *read;
+                    }
                     Reread::Gone => return Ok(Outcome::Gone),
                     Reread::Replaced => return Ok(Outcome::Requeue),
                 }
@@ -98,7 +109,10 @@ pub async fn write_lease_status(
                     drop((d.claims, d.views));
                     return Ok(written(current, *w, plan, gathered, reads.fresh));
                 }
-                Wrote::Conflict(read) => lease = *read,
+                Wrote::Conflict(read) => {
+                    lease = *read;
+                    lease_moved = true;
+                }
                 Wrote::Gone => return Ok(Outcome::Gone),
                 Wrote::Requeue => return Ok(Outcome::Requeue),
             },
@@ -118,11 +132,10 @@ fn written(
 }
 
 /// A lease's claims as the caches have them when its reconcile begins, with what the decision
-/// reads of each. Gathered once per reconcile, not once per round: on a lease with a long
-/// queue, reading every claim from the caches is most of a reconcile's work. What a round has
-/// read from the API takes the place of a claim's cached copy (see [`Gathered::overlaid`]);
-/// a copy gathered a few milliseconds earlier than the round decides is no staler than the
-/// caches always may be, and nothing is decided on it that the API has not confirmed.
+/// reads of each. Gathered once per reconcile, not once per round, unless the lease changed
+/// under the reconcile: on a lease with a long queue, reading every claim from the caches is
+/// most of a reconcile's work. What a round has read from the API takes the place of a
+/// claim's cached copy (see [`Gathered::overlaid`]).
 pub struct Gathered {
     pub claims: Vec<Arc<CachedClaim>>,
     views: Vec<ClaimView>,
