@@ -9,7 +9,7 @@ use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::report::report;
-use super::write_status::{Outcome, claims_of, overlay, write_lease_status};
+use super::write_status::{Outcome, claims_of, write_lease_status};
 use super::{claims, fence_bindings, pods, token_records};
 use crate::api::{
     ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus, duration_from_seconds,
@@ -40,11 +40,10 @@ pub async fn finalize(
     let mut latest: Option<FencedLease> = None;
     let revoked = async {
         if let Outcome::Written(outcome) = write_lease_status(ctx, api, lease.clone()).await? {
-            let (before, written, plan, gathered, fresh) = *outcome;
+            let (before, written, plan, claims) = *outcome;
             report(ctx, &written, &before, &plan);
             let status = written.status.clone().unwrap_or_default();
             latest = Some(written);
-            let claims = overlay(gathered.claims, &fresh);
             claims::repair(ctx, &status, &plan, claims, ns, name).await?;
         }
         pods::repair_annotations(ctx, lease, ns, name).await?;

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use tracing::warn;
 
 use super::report::report;
-use super::write_status::{Outcome, overlay, write_lease_status};
+use super::write_status::{Outcome, write_lease_status};
 use super::{claims, fence_bindings, finalize, pods, token_records};
 use crate::api::FencedLease;
 use crate::operator::context::Context;
@@ -142,7 +142,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         }
         written => written?,
     };
-    let (before, lease, plan, gathered, fresh) = match written {
+    let (before, lease, plan, claims) = match written {
         Outcome::Written(outcome) => *outcome,
         Outcome::Gone => return Ok(Action::await_change()),
         Outcome::Requeue => return Ok(Action::requeue(Duration::from_millis(100))),
@@ -150,7 +150,6 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     report(ctx, &lease, &before, &plan);
 
     let status = lease.status.clone().unwrap_or_default();
-    let claims = overlay(gathered.claims, &fresh);
     claims::repair(ctx, &status, &plan, claims, &ns, &name).await?;
     pods::repair_annotations(ctx, &lease, &ns, &name).await?;
     fenced?;

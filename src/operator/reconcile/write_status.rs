@@ -26,9 +26,9 @@ use crate::operator::state::CachedClaim;
 const MAX_STEPS: usize = 16;
 
 /// The status the decision started from, the lease as written (or as read, when nothing
-/// changed), the plan it carries, and the lease's claims: as gathered from the cache, and
-/// those read fresh on the way (which take the place of their cached copies).
-pub type Written = (FencedLeaseStatus, FencedLease, Plan, Gathered, Fresh);
+/// changed), the plan it carries, and the claims it was decided on (the cache's, with those
+/// read on the way in place of their cached copies).
+pub type Written = (FencedLeaseStatus, FencedLease, Plan, Vec<Arc<CachedClaim>>);
 
 /// How [`write_lease_status`] ended.
 pub enum Outcome {
@@ -67,7 +67,7 @@ pub async fn write_lease_status(
         if std::mem::take(&mut lease_moved) {
             gathered = Gathered::new(ctx, &lease);
         }
-        let d = decide_round(ctx, &lease, &gathered, &reads);
+        let mut d = decide_round(ctx, &lease, &gathered, &reads);
         let round = Round {
             current: &d.current,
             newest_grant: newest_grant(&d.claims),
@@ -94,20 +94,20 @@ pub async fn write_lease_status(
                 reads.known.record = Some(record);
             }
             Step::Done => {
-                let (current, plan) = (d.current, d.plan);
-                drop((d.claims, d.views));
-                return Ok(written(current, lease, plan, gathered, reads.fresh));
+                let (current, plan, overlaid) = d.into_parts();
+                let claims = overlaid.unwrap_or(gathered.claims);
+                return Ok(written(current, lease, plan, claims));
             }
-            Step::Write => match write(ctx, api, &lease, d.desired).await? {
+            Step::Write => match write(ctx, api, &lease, std::mem::take(&mut d.desired)).await? {
                 Wrote::Lease(w) => {
                     if w.status.as_ref().is_some_and(|s| s.fencing_token > 0)
                         && let Some(uid) = w.metadata.uid.as_deref()
                     {
                         ctx.records_ahead.forget(uid);
                     }
-                    let (current, plan) = (d.current, d.plan);
-                    drop((d.claims, d.views));
-                    return Ok(written(current, *w, plan, gathered, reads.fresh));
+                    let (current, plan, overlaid) = d.into_parts();
+                    let claims = overlaid.unwrap_or(gathered.claims);
+                    return Ok(written(current, *w, plan, claims));
                 }
                 Wrote::Conflict(read) => {
                     lease = *read;
@@ -125,10 +125,9 @@ fn written(
     before: FencedLeaseStatus,
     lease: FencedLease,
     plan: Plan,
-    gathered: Gathered,
-    fresh: Fresh,
+    claims: Vec<Arc<CachedClaim>>,
 ) -> Outcome {
-    Outcome::Written(Box::new((before, lease, plan, gathered, fresh)))
+    Outcome::Written(Box::new((before, lease, plan, claims)))
 }
 
 /// A lease's claims as the caches have them when its reconcile begins, with what the decision
@@ -136,8 +135,8 @@ fn written(
 /// under the reconcile: on a lease with a long queue, reading every claim from the caches is
 /// most of a reconcile's work. What a round has read from the API takes the place of a
 /// claim's cached copy (see [`Gathered::overlaid`]).
-pub struct Gathered {
-    pub claims: Vec<Arc<CachedClaim>>,
+struct Gathered {
+    claims: Vec<Arc<CachedClaim>>,
     views: Vec<ClaimView>,
     /// The holder (claim UID, pod UID) the views' pod presence was judged for.
     holder: Holder,
@@ -215,6 +214,18 @@ struct Decided<'g> {
     plan: Plan,
     /// The status the plan implies.
     desired: FencedLeaseStatus,
+}
+
+impl Decided<'_> {
+    /// The status decided from and the plan, and the claims decided on when they are not the
+    /// ones gathered (`None`: take those, without a copy).
+    fn into_parts(self) -> (FencedLeaseStatus, Plan, Option<Vec<Arc<CachedClaim>>>) {
+        let overlaid = match self.claims {
+            Cow::Owned(claims) => Some(claims),
+            Cow::Borrowed(_) => None,
+        };
+        (self.current, self.plan, overlaid)
+    }
 }
 
 /// Decides on the lease as last read, its claims (as gathered, overlaid with what was read),
@@ -439,7 +450,7 @@ pub fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> 
 }
 
 /// `claims` with those read from the API (`fresh`) in place of their cached copies.
-pub fn overlay(claims: Vec<Arc<CachedClaim>>, fresh: &Fresh) -> Vec<Arc<CachedClaim>> {
+fn overlay(claims: Vec<Arc<CachedClaim>>, fresh: &Fresh) -> Vec<Arc<CachedClaim>> {
     let mut claims: Vec<Arc<CachedClaim>> = claims
         .into_iter()
         .filter(|c| {

@@ -25,6 +25,13 @@ use super::locked;
 /// the event was not its own after all.
 pub type Trigger = Box<dyn FnOnce() + Send>;
 
+/// Sends `trigger`, if there is one.
+pub fn fire(trigger: Option<Trigger>) {
+    if let Some(t) = trigger {
+        t();
+    }
+}
+
 /// One object's writes the caches have not shown yet.
 #[derive(Default)]
 struct Writes {
@@ -157,10 +164,7 @@ impl OwnWrites {
     /// not written over means the cache caught up, and the record goes.
     pub fn seen(&self, uid: Option<&str>, version: Option<&str>, trigger: Option<Trigger>) {
         let (Some(uid), Some(version)) = (uid, version) else {
-            if let Some(t) = trigger {
-                t();
-            }
-            return;
+            return fire(trigger);
         };
         let send = {
             let mut writes = locked(&self.writes);
@@ -187,18 +191,14 @@ impl OwnWrites {
                 }
             }
         };
-        if let Some(t) = send {
-            t();
-        }
+        fire(send);
     }
 
     /// Forgets object `uid` (deleted). Events held back for it are sent.
     pub fn forget(&self, uid: &str) {
         let gone = locked(&self.writes).remove(uid);
         for (_, trigger) in gone.map(|w| w.parked).unwrap_or_default() {
-            if let Some(t) = trigger {
-                t();
-            }
+            fire(trigger);
         }
     }
 

@@ -24,7 +24,7 @@ use crate::operator::metrics::Metrics;
 use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::orphans::Orphan;
 use crate::operator::state::cache::Writer;
-use crate::operator::state::own_writes::Trigger;
+use crate::operator::state::own_writes::{Trigger, fire};
 use crate::operator::state::{
     Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions, Wakeups,
 };
@@ -224,22 +224,16 @@ fn own_writes<K>(
     match event {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
             let (uid, resource_version) = version(o);
-            written.seen(uid, resource_version, trigger);
+            return written.seen(uid, resource_version, trigger);
         }
         watcher::Event::Delete(o) => {
             if let (Some(uid), _) = version(o) {
                 written.forget(uid);
             }
-            if let Some(t) = trigger {
-                t();
-            }
         }
-        watcher::Event::Init | watcher::Event::InitDone => {
-            if let Some(t) = trigger {
-                t();
-            }
-        }
+        watcher::Event::Init | watcher::Event::InitDone => {}
     }
+    fire(trigger);
 }
 
 /// A trigger that reconciles `leases`.
