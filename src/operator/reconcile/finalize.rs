@@ -5,12 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::report::report;
 use super::write_status::{Outcome, claims_of, write_lease_status};
-use super::{claims, fence_bindings, pods, token_records};
+use super::{Action, claims, fence_bindings, pods, token_records};
 use crate::api::{
     ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus, duration_from_seconds,
 };

@@ -8,14 +8,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
 use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
-use super::{claims, fence_bindings, finalize, pods, token_records};
+use super::{Action, claims, fence_bindings, finalize, pods, token_records};
 use crate::api::FencedLease;
 use crate::operator::context::Context;
 use crate::operator::core::status;

@@ -7,6 +7,8 @@
 //! of leases that are gone) and [`positions`] (waiters' queue positions, written off the
 //! hand-over's path).
 
+use std::time::Duration;
+
 pub mod claims;
 pub mod expire;
 pub mod fence_bindings;
@@ -20,3 +22,30 @@ pub mod positions;
 pub mod report;
 pub mod token_records;
 mod write_status;
+
+/// What a reconcile asks for next: nothing until something changes, or another look after a
+/// delay (kube-runtime's `Action`, whose delay its own controller alone can read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Action {
+    requeue_after: Option<Duration>,
+}
+
+impl Action {
+    /// Look again after `after`, unless a change comes first.
+    pub fn requeue(after: Duration) -> Self {
+        Action {
+            requeue_after: Some(after),
+        }
+    }
+
+    /// Look again when something changes.
+    pub fn await_change() -> Self {
+        Action {
+            requeue_after: None,
+        }
+    }
+
+    pub fn requeue_after(&self) -> Option<Duration> {
+        self.requeue_after
+    }
+}

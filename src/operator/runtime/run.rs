@@ -1,6 +1,6 @@
 //! Wiring: one feed per watch fills the caches and triggers reconciles; the lease controller
-//! (kube-runtime's), the runner of claims of missing leases, the sweep, the wake-up timers
-//! and the removal of orphaned annotations act on them. FencedLease is the primary object;
+//! and the claims of missing leases (each a [`runner`]), the sweep, the wake-up timers and
+//! the removal of orphaned annotations act on them. FencedLease is the primary object;
 //! claims and pods feed it.
 //!
 //! The caches are plain, not kube-runtime's shared ones: a shared cache's subscriber that is
@@ -12,13 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, controller};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -54,7 +52,7 @@ pub struct Settings {
 /// Leases reconciled at once: bounds the API calls (and connections) in flight, so that an
 /// operator started over thousands of waiting claims works through them instead of opening
 /// thousands of connections at once.
-const LEASE_CONCURRENCY: u16 = 32;
+const LEASE_CONCURRENCY: usize = 32;
 /// Of those, at most this many reconcile leases of the sweep that follows every (re)list, or
 /// leases being deleted; the others stay free for changes (a new claim is granted at once
 /// while thousands are swept, or deleted).
@@ -142,7 +140,7 @@ fn workers(
         let ctx = claim_ctx.clone();
         async move { missing_lease::reconcile(&ctx, &key).await }
     };
-    let (wakeups, claims_again) = (memory.wakeups.clone(), triggers.claims.clone());
+    let wakeups = memory.wakeups.clone();
     let (sweeps, concurrency) = (receivers.sweeps, SWEEP_CONCURRENCY);
     vec![
         tokio::spawn(orphans::sweep(ctx.clone(), receivers.orphans, stop.clone())),
@@ -170,11 +168,10 @@ fn workers(
             to_controller,
             stop.clone(),
         )),
-        // Claims of missing leases: not kube-runtime's controller, which needs the full API type.
+        // Claims of missing leases.
         tokio::spawn(runner::run(
             CLAIM_CONCURRENCY,
             receivers.claims,
-            claims_again,
             stop.clone(),
             reconcile_claim,
         )),
@@ -234,32 +231,30 @@ fn context(
     })
 }
 
-/// The lease controller, until `stop`. Leases are reconciled only when triggered (a list
-/// would hand out every lease at once).
+/// The lease controller, until `stop`: each triggered lease reconciled as the cache has it
+/// then ([`runner`]); a lease the cache no longer has is skipped (the sweep's count of it is
+/// pruned, as it is for a lease deleted before its turn).
 async fn run_lease_controller(
     ctx: Arc<Context>,
     triggers: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
     stop: CancellationToken,
 ) {
-    Controller::for_stream(futures::stream::pending(), ctx.leases.clone())
-        .with_config(controller::Config::default().concurrency(LEASE_CONCURRENCY))
-        .reconcile_on(stream_of(triggers))
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(lease::reconcile, lease::error_policy, ctx)
-        .for_each(|result| {
-            match result {
-                // A claim names a lease that does not exist: the claim runner reports it.
-                Err(controller::Error::ObjectNotFound(obj)) => {
-                    tracing::debug!(lease = %obj, "no such lease")
-                }
-                // Logged, counted and reported by the error policy already.
-                Err(controller::Error::ReconcilerFailed(..)) => {}
-                Err(e) => warn!(error = %e, "lease controller"),
-                Ok(_) => {}
-            }
-            future::ready(())
-        })
-        .await
+    runner::run(LEASE_CONCURRENCY, triggers, stop, move |key| {
+        let ctx = ctx.clone();
+        async move {
+            let Some(lease) = ctx.leases.get(&key) else {
+                tracing::debug!(lease = %key, "no such lease");
+                return None;
+            };
+            let action = match lease::reconcile(lease.clone(), ctx.clone()).await {
+                Ok(action) => action,
+                // Logged, counted and reported by the error policy.
+                Err(error) => lease::error_policy(lease, &error, ctx),
+            };
+            action.requeue_after()
+        }
+    })
+    .await
 }
 
 /// Marks the operator synced (and ready) once every cache has synced: until then no decision
@@ -330,10 +325,4 @@ fn report_unreadable(
         };
         events.publish(&reference, event);
     }
-}
-
-fn stream_of<T: Send + 'static>(
-    mut rx: mpsc::UnboundedReceiver<T>,
-) -> impl Stream<Item = T> + Send {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

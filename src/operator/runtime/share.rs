@@ -1,5 +1,6 @@
-//! Each namespace's share of the lease controller. kube-runtime starts the reconciles that
-//! wait for a free slot in hash order, so work queued behind thousands waits for all of them.
+//! Each namespace's share of the lease controller. The controller starts the reconciles that
+//! wait for a free slot in the order they came, so work queued behind thousands waits for all
+//! of them.
 //! Bulk work of one namespace (the releases of thousands of claims deleted at once, the
 //! grants after an outage) therefore goes to the controller only while that namespace has
 //! fewer than [`NAMESPACE_SHARE`] leases queued or reconciling; the rest wait here, first
@@ -7,7 +8,7 @@
 //! namespace always finds a free slot.
 //!
 //! A trigger of a lease whose reconcile is already queued or running goes on at once: it
-//! takes no slot more (kube-runtime runs that lease once more after), and a hot lease's
+//! takes no slot more (the controller runs that lease once more after), and a hot lease's
 //! hand-overs never wait here. A wake-up at a holder's deadline waits, if it must, at the
 //! front of its namespace's queue: an expiry is due, the rest can follow it.
 

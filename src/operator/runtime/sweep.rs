@@ -1,9 +1,8 @@
 //! Reconciling every lease (once the caches have synced, and after every relist) without
-//! flooding the controller. kube-runtime keeps the reconciles that wait for a free slot in a
-//! hash set and starts the first in hash order, so a change queued behind thousands (a new
-//! claim of another lease) would wait for all of them. The sweep keeps at most `limit` leases
-//! queued or reconciling, fewer than the controller's slots, so a fresh change always finds a
-//! free slot.
+//! flooding the controller. The controller starts the reconciles that wait for a free slot in
+//! the order they came, so a change queued behind thousands (a new claim of another lease)
+//! would wait for all of them. The sweep keeps at most `limit` leases queued or reconciling,
+//! fewer than the controller's slots, so a fresh change always finds a free slot.
 //!
 //! The leases being deleted are paced the same way, and in the same slots: each deletion is a
 //! change, and each takes several writes to finalize (its last token recorded, its holder

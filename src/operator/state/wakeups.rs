@@ -1,7 +1,8 @@
 //! When each lease is to be reconciled again at the latest: its holder's deadline, a waiter's,
 //! or the jittered resync. One timer per lease, kept here rather than as a controller requeue:
-//! kube-runtime's scheduler holds two copies of each request (a delay-queue slot and a map
-//! key, each with its own name and namespace strings); this keeps one shared name per lease.
+//! the controller's delay queue holds two copies of each request (a delay-queue slot and a
+//! map key, each with its own name and namespace strings); this keeps one shared name per
+//! lease.
 //! A due lease goes to the same trigger channel as every other reconcile request.
 
 use std::collections::{BTreeSet, HashMap};

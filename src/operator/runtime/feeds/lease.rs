@@ -1,4 +1,4 @@
-//! The lease watch: fills kube-runtime's store (which the controller needs), triggers a
+//! The lease watch: fills kube-runtime's store (which the controller reads), triggers a
 //! reconcile of each changed lease and a sweep after every (re)list, and forgets what the
 //! operator kept of a deleted lease.
 

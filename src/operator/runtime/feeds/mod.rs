@@ -80,7 +80,7 @@ pub fn triggers() -> (Triggers, Receivers) {
 /// What the feeds fill and the reconcilers read.
 #[derive(Clone)]
 pub struct Memory {
-    /// kube-runtime's store, which its controller needs.
+    /// kube-runtime's store, which the lease controller reads.
     pub leases: Store<FencedLease>,
     /// The leases have been listed (the lease cache is ready).
     pub leases_listed: Arc<AtomicBool>,
