@@ -62,15 +62,17 @@ func Acquire(ctx context.Context, c *Client, namespace, lease string, opts Optio
 	}
 	tm := newTiming(spec, opts.Margin, opts.RequestTimeout)
 	req.callTimeout = tm.callTimeout
+	leaseRead := r.lease
 	for first := true; ; first = false {
 		if !first {
 			created, firstSent, createErr = req.create(b)
+			leaseRead = nil // the lease as read is older now: the keeper reads it again
 		}
 		if createErr != nil {
 			return nil, createErr
 		}
 		t := newTracker(created.Name, firstSent, spec, opts.Margin, opts.RequestTimeout)
-		k := startKeeper(c, log, lease, identity, t, firstSent, viewClaim(created), namespace)
+		k := startKeeper(c, log, namespace, lease, identity, t, firstSent, created, leaseRead)
 		held, again, err := waitGrant(ctx, k, b, tm.callTimeout)
 		if held {
 			log.Info("lease granted", "lease", namespace+"/"+lease, "claim", k.claim, "token", k.t.state.Token)

@@ -30,7 +30,7 @@ func (k *keeper) followClaim() {
 	get := func(ctx context.Context) (runtime.Object, error) {
 		return k.client.getClaim(ctx, k.namespace, k.claim)
 	}
-	k.follow(v1alpha1.ClaimsResource, k.claim, get, func(obj runtime.Object) {
+	k.follow(v1alpha1.ClaimsResource, k.claim, k.seedClaim, get, func(obj runtime.Object) {
 		c, _ := obj.(*v1alpha1.FencedLeaseClaim)
 		if c == nil {
 			k.end(ClaimDeleted, "")
@@ -48,7 +48,7 @@ func (k *keeper) followLease() {
 	get := func(ctx context.Context) (runtime.Object, error) {
 		return k.client.getLease(ctx, k.namespace, k.lease)
 	}
-	k.follow(v1alpha1.LeasesResource, k.lease, get, func(obj runtime.Object) {
+	k.follow(v1alpha1.LeasesResource, k.lease, k.seedLease, get, func(obj runtime.Object) {
 		l, _ := obj.(*v1alpha1.FencedLease)
 		var view *leaseView
 		if l != nil {
@@ -59,12 +59,14 @@ func (k *keeper) followLease() {
 	})
 }
 
-// follow feeds seen with object name of resource (nil once deleted): a fresh read, then a
-// watch from that read's resourceVersion, again after every error, until the hold ends.
-func (k *keeper) follow(resource, name string, get func(context.Context) (runtime.Object, error), seen func(runtime.Object)) {
+// follow feeds seen with object name of resource (nil once deleted): a fresh read (the first
+// time, seed if not nil), then a watch from that read's resourceVersion, again after every
+// error, until the hold ends.
+func (k *keeper) follow(resource, name string, seed runtime.Object, get func(context.Context) (runtime.Object, error), seen func(runtime.Object)) {
 	failures := 0
 	for k.ctx.Err() == nil {
-		err := k.followOnce(resource, name, get, seen, &failures)
+		err := k.followOnce(resource, name, seed, get, seen, &failures)
+		seed = nil
 		if errors.Is(err, errStop) || k.ctx.Err() != nil {
 			return
 		}
@@ -81,10 +83,13 @@ func (k *keeper) follow(resource, name string, get func(context.Context) (runtim
 	}
 }
 
-func (k *keeper) followOnce(resource, name string, get func(context.Context) (runtime.Object, error), seen func(runtime.Object), failures *int) error {
-	ctx, cancel := context.WithTimeout(k.ctx, k.timing().callTimeout)
-	obj, err := get(ctx)
-	cancel()
+func (k *keeper) followOnce(resource, name string, seed runtime.Object, get func(context.Context) (runtime.Object, error), seen func(runtime.Object), failures *int) error {
+	obj, err := seed, error(nil)
+	if obj == nil {
+		ctx, cancel := context.WithTimeout(k.ctx, k.timing().callTimeout)
+		obj, err = get(ctx)
+		cancel()
+	}
 	if apierrors.IsNotFound(err) {
 		seen(nil)
 		return errStop

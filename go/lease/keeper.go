@@ -6,8 +6,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // keeper keeps one claim alive: heartbeats it every third of the duration in force, watches
@@ -30,18 +32,28 @@ type keeper struct {
 
 	finished  chan struct{} // closed once the claim is deleted (or could not be)
 	deleteErr error         // set before finished is closed
+
+	// The claim as created and the lease as acquire read it: the watches start from their
+	// resourceVersions rather than from reads of their own, two round trips less between
+	// the create and the grant.
+	seedClaim, seedLease runtime.Object
 }
 
-// startKeeper starts keeping a created claim, whose first heartbeat (the create) was sent at
-// firstSent.
-func startKeeper(c *Client, log logr.Logger, lease, identity string, t *tracker, firstSent bootInstant, claimView claimView, ns string) *keeper {
-	t.heartbeatOK(firstSent, bootNow(), claimView)
+// startKeeper starts keeping created, a claim whose first heartbeat (the create) was sent at
+// firstSent; read is the lease as acquire read it meanwhile (nil: the keeper reads it).
+func startKeeper(c *Client, log logr.Logger, ns, lease, identity string, t *tracker, firstSent bootInstant, created *v1alpha1.FencedLeaseClaim, read *v1alpha1.FencedLease) *keeper {
+	t.heartbeatOK(firstSent, bootNow(), viewClaim(created))
+	var seedLease runtime.Object // not a typed nil
+	if read != nil {
+		seedLease = read
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &keeper{
 		client: c, log: log.WithValues("lease", ns+"/"+lease, "claim", t.claim),
 		namespace: ns, lease: lease, claim: t.claim, identity: identity,
 		t: *t, changed: make(chan struct{}),
 		ctx: ctx, cancel: cancel, finished: make(chan struct{}),
+		seedClaim: created, seedLease: seedLease,
 	}
 	if !k.t.live() {
 		cancel()
