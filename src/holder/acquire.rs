@@ -50,12 +50,12 @@ pub async fn acquire(
     };
     // The lease is read while the first claim is created, not before: a round trip less. A
     // claim made for a lease that turns out missing, or too short for the margin, is withdrawn.
-    let (spec_duration, first) = tokio::join!(
+    let (read, first) = tokio::join!(
         lease_duration(&leases, namespace, &options, &budget),
         request.create(&budget)
     );
-    let spec_duration = match spec_duration {
-        Ok(duration) => duration,
+    let (spec_duration, mut lease_read) = match read {
+        Ok((duration, lease)) => (duration, Some(lease)),
         Err(error) => {
             if let Ok((claim, _)) = &first {
                 request.withdraw(&claim.name_any()).await;
@@ -83,6 +83,8 @@ pub async fn acquire(
                 spec_duration,
                 margin: options.margin,
                 call_timeout: options.request_timeout,
+                // The lease as read starts the first claim's watch only: it is older for the next.
+                lease_read: lease_read.take(),
             },
         );
         // Never give up before the operator has answered the claim once (or one request
@@ -94,14 +96,14 @@ pub async fn acquire(
     }
 }
 
-/// Reads the lease, which must exist, and returns its `spec.leaseDurationSeconds`, once the
-/// margin asked for is known to be shorter.
+/// Reads the lease, which must exist, and returns its `spec.leaseDurationSeconds` and the
+/// lease as read, once the margin asked for is known to be shorter.
 async fn lease_duration(
     leases: &Api<FencedLease>,
     namespace: &str,
     options: &AcquireOptions,
     budget: &Budget,
-) -> Result<Duration, Error> {
+) -> Result<(Duration, FencedLease), Error> {
     let lease = budget.lease.as_str();
     let read_timeout = options.request_timeout.unwrap_or(DEFAULT_READ_TIMEOUT);
     let found = budget
@@ -120,7 +122,7 @@ async fn lease_duration(
             duration: spec_duration,
         });
     }
-    Ok(spec_duration)
+    Ok((spec_duration, found))
 }
 
 /// Follows a queued claim until it is granted (`Some`), or is over in a way a fresh claim

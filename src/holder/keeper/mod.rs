@@ -18,7 +18,7 @@ use super::clock::{self, BootInstant};
 use super::error::{Error, LostReason, report};
 use super::options::Timing;
 use super::state::Tracker;
-use crate::api::FencedLeaseClaim;
+use crate::api::{FencedLease, FencedLeaseClaim};
 
 mod heartbeat;
 mod watches;
@@ -97,6 +97,8 @@ pub(crate) struct Created {
     pub spec_duration: Duration,
     pub margin: Option<Duration>,
     pub call_timeout: Option<Duration>,
+    /// The lease as `acquire` read it while the claim was created (`None`: read it again).
+    pub lease_read: Option<FencedLease>,
 }
 
 /// One claim and its background tasks. Dropping it withdraws the claim.
@@ -139,10 +141,15 @@ impl Keeper {
             api.clone(),
             Api::namespaced(client.clone(), &created.namespace),
         ));
-        tokio::spawn(watch_claim(shared.clone(), api.clone()));
+        tokio::spawn(watch_claim(
+            shared.clone(),
+            api.clone(),
+            Some(created.claim),
+        ));
         tokio::spawn(watch_lease(
             shared.clone(),
             Api::namespaced(client, &created.namespace),
+            created.lease_read,
         ));
         tokio::spawn(deadline_timer(shared.clone()));
         Keeper {
