@@ -141,10 +141,10 @@ impl<K: Clone + Eq + Hash> Schedule<K> {
     }
 }
 
-/// Requeues waiting for their delay: one per key, the earliest asked for.
+/// Requeues waiting for their delay, one per key.
 struct Later<K> {
     queue: DelayQueue<K>,
-    keys: HashMap<K, (delay_queue::Key, tokio::time::Instant)>,
+    keys: HashMap<K, delay_queue::Key>,
 }
 
 impl<K> Default for Later<K> {
@@ -162,23 +162,17 @@ impl<K: Clone + Eq + Hash> Later<K> {
     }
 
     fn insert(&mut self, key: K, after: Duration) {
-        let at = tokio::time::Instant::now() + after;
-        match self.keys.get_mut(&key) {
-            Some((_, earlier)) if *earlier <= at => {}
-            Some((slot, when)) => {
-                self.queue.reset_at(slot, at);
-                *when = at;
-            }
-            None => {
-                let slot = self.queue.insert_at(key.clone(), at);
-                self.keys.insert(key, (slot, at));
-            }
-        }
+        // A key that runs has none here (its trigger removed it), so this is its only one.
+        self.remove(&key);
+        let slot = self
+            .queue
+            .insert_at(key.clone(), tokio::time::Instant::now() + after);
+        self.keys.insert(key, slot);
     }
 
     /// A trigger runs `key` now: its requeue is moot.
     fn remove(&mut self, key: &K) {
-        if let Some((slot, _)) = self.keys.remove(key) {
+        if let Some(slot) = self.keys.remove(key) {
             self.queue.remove(&slot);
         }
     }
