@@ -46,6 +46,9 @@ pub struct Metrics {
     pub conflicts: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Histogram,
+    /// How long after a silent holder's deadline its expiry was made final (I3's epsilon, the
+    /// operator's part of it: the hand-over's grant is one lease status write more).
+    pub expiry_delay: Histogram,
     /// The per-lease gauges (holder, waiting claims, ...), read from the caches at each scrape.
     pub leases: LeaseGauges,
     /// 1 while this replica leads (reconciles), 0 on a standby.
@@ -82,6 +85,12 @@ impl Default for Metrics {
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
             reconcile_duration.clone(),
+        );
+        let expiry_delay = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "expiry_delay_seconds",
+            "How long after a silent holder's deadline (its term, counted from when the operator saw its last heartbeat) its expiry was made final on the claim",
+            expiry_delay.clone(),
         );
         let leases = LeaseGauges::default();
         registry.register_collector(Box::new(leases.clone()));
@@ -125,6 +134,7 @@ impl Default for Metrics {
             conflicts,
             reconcile_errors,
             reconcile_duration,
+            expiry_delay,
             leases,
             leader,
         }

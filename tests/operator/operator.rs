@@ -189,7 +189,7 @@ async fn i1_i4_first_claim_is_granted_second_waits_and_is_handed_the_lease_on_re
 #[tokio::test]
 async fn i3_silent_holder_expires_after_the_lease_duration_and_not_before() {
     let ns = TestNamespace::new("op-expire").await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
+    let op = OperatorProcess::start(&ns.name, &[]);
     const DURATION: Duration = Duration::from_secs(3);
     ns.create_lease("job", 3);
 
@@ -229,6 +229,22 @@ async fn i3_silent_holder_expires_after_the_lease_duration_and_not_before() {
         Some(first),
         "an expired claim keeps the token it held"
     );
+    // The operator's own figure of how late it was: one expiry, within the bound above.
+    let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
+        .await
+        .unwrap();
+    let figure = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+    };
+    assert_eq!(
+        figure("fenced_lease_expiry_delay_seconds_count"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let delay = figure("fenced_lease_expiry_delay_seconds_sum").unwrap_or(f64::NAN);
+    assert!((0.0..1.5).contains(&delay), "expiry delay {delay} s");
 }
 
 #[tokio::test]

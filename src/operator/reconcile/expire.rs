@@ -48,12 +48,14 @@ pub enum Confirmed {
 }
 
 /// A claim the decision found silent: its name and UID, when the decision last saw its
-/// heartbeat change, and whether it held the lease (for the message and Event).
+/// heartbeat change, whether it held the lease (for the message and Event), and, for the
+/// holder, the deadline its term ran out at (for `fenced_lease_expiry_delay_seconds`).
 pub struct Silent<'a> {
     pub name: &'a str,
     pub uid: &'a str,
     pub seen_at: Instant,
     pub holder: bool,
+    pub deadline: Option<Instant>,
 }
 
 /// Confirms that claim `silent` of lease `ns/lease` has stayed silent since it was last seen
@@ -68,7 +70,7 @@ pub async fn confirm_and_expire(
     let (name, uid) = (silent.name, silent.uid);
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
     if let Some(known) = known_copy(ctx, ns, silent, fresh) {
-        match expire(ctx, &api, known, lease, silent.holder, fresh).await? {
+        match expire(ctx, &api, known, lease, silent, fresh).await? {
             // Not the version stored any more: read it, and decide on what it shows.
             Confirmed::Changed => {}
             done => return Ok(done),
@@ -105,7 +107,7 @@ pub async fn confirm_and_expire(
         fresh.insert(uid.to_string(), Some(claim.into()));
         return Ok(Confirmed::Alive);
     }
-    expire(ctx, &api, claim, lease, silent.holder, fresh).await
+    expire(ctx, &api, claim, lease, silent, fresh).await
 }
 
 /// The copy of claim `silent` this reconcile already has (its own read, else the cache's),
@@ -154,9 +156,10 @@ async fn expire(
     api: &Api<FencedLeaseClaim>,
     claim: FencedLeaseClaim,
     lease: &str,
-    holder: bool,
+    silent: &Silent<'_>,
     fresh: &mut Fresh,
 ) -> Result<Confirmed> {
+    let holder = silent.holder;
     let (name, ns) = (claim.name_any(), claim.namespace().unwrap_or_default());
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     let mut update = claim.clone();
@@ -171,6 +174,10 @@ async fn expire(
     .await
     {
         Ok(written) => {
+            if let Some(deadline) = silent.deadline {
+                let delay = Instant::now().saturating_duration_since(deadline);
+                ctx.metrics.expiry_delay.observe(delay.as_secs_f64());
+            }
             // Until the watch shows it, the cached copy (still live) must not be repaired
             // over this final status: the CRD would refuse it, one wasted write each time.
             ctx.written.wrote(

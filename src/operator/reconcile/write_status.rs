@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -88,7 +88,7 @@ pub async fn write_lease_status(
                 }
             }
             Step::ConfirmHolder => confirm_holder(ctx, &ns, &d, &mut reads).await?,
-            Step::Expire => expire(ctx, &ns, &name, &d, &mut reads.fresh).await?,
+            Step::Expire => expire(ctx, &ns, &name, lease.term(), &d, &mut reads.fresh).await?,
             Step::ReadRecord => {
                 let record = token_records::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
@@ -292,11 +292,13 @@ async fn reread(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease) -> R
 
 /// Expires the claims the plan names, each by a write preconditioned on a version showing the
 /// heartbeat last seen ([`confirm_and_expire`]); stops at the first that changed meanwhile
-/// (the next round decides again).
+/// (the next round decides again). `term` is the running term's duration: the holder's
+/// deadline is that long after its last heartbeat seen.
 async fn expire(
     ctx: &Context,
     ns: &str,
     name: &str,
+    term: Duration,
     d: &Decided<'_>,
     fresh: &mut Fresh,
 ) -> Result<()> {
@@ -305,11 +307,13 @@ async fn expire(
         let Some(claim) = d.views.iter().find(|v| &v.uid == uid) else {
             continue;
         };
+        let holder = holder_uid == Some(uid.as_str());
         let silent = Silent {
             name: &claim.name,
             uid,
             seen_at: claim.last_beat,
-            holder: holder_uid == Some(uid.as_str()),
+            holder,
+            deadline: holder.then(|| claim.last_beat + term),
         };
         let confirmed = confirm_and_expire(ctx, ns, name, &silent, fresh).await?;
         if confirmed == Confirmed::Changed {
