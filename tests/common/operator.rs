@@ -132,6 +132,15 @@ impl OperatorProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The value of the unlabelled series `name` on the operator's `/metrics` (`None`: the
+    /// page or the series is missing).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, page) = super::http_get(self.http_port().await, "/metrics").await?;
+        page.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// The port of /metrics, /livez and /readyz, read from the log once it is serving.
     pub async fn http_port(&self) -> u16 {
         super::wait_for(

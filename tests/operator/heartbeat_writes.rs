@@ -284,13 +284,8 @@ async fn a_grant_on_a_new_lease_costs_four_writes_and_an_event() {
 
 /// Lease reconciles so far, from the operator's `/metrics`.
 async fn reconciles(op: &OperatorProcess) -> u64 {
-    let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
+    op.metric("fenced_lease_reconcile_duration_seconds_count")
         .await
-        .expect("metrics");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("fenced_lease_reconcile_duration_seconds_count "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
         .expect("the reconcile count") as u64
 }
 

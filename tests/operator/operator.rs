@@ -230,20 +230,15 @@ async fn i3_silent_holder_expires_after_the_lease_duration_and_not_before() {
         "an expired claim keeps the token it held"
     );
     // The operator's own figure of how late it was: one expiry, within the bound above.
-    let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
-        .await
-        .unwrap();
-    let figure = |name: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-    };
     assert_eq!(
-        figure("fenced_lease_expiry_delay_seconds_count"),
+        op.metric("fenced_lease_expiry_delay_seconds_count").await,
         Some(1.0),
-        "{metrics}"
+        "expiries counted by fenced_lease_expiry_delay_seconds"
     );
-    let delay = figure("fenced_lease_expiry_delay_seconds_sum").unwrap_or(f64::NAN);
+    let delay = op
+        .metric("fenced_lease_expiry_delay_seconds_sum")
+        .await
+        .unwrap_or(f64::NAN);
     assert!((0.0..1.5).contains(&delay), "expiry delay {delay} s");
 }
 
@@ -414,14 +409,10 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
     // The two really raced: some of their status writes were refused on resourceVersion.
     let mut conflicts = 0;
     for op in [&a, &b] {
-        let (_, metrics) = common::http_get(op.http_port().await, "/metrics")
+        conflicts += op
+            .metric("fenced_lease_status_conflicts_total")
             .await
-            .expect("metrics");
-        conflicts += metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("fenced_lease_status_conflicts_total "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .expect("the conflicts counter");
+            .expect("the conflicts counter") as u64;
     }
     assert!(
         conflicts > 0,

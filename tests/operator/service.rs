@@ -156,15 +156,8 @@ async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
     };
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-a"));
     // fenced_lease_leader says which replica leads (the alert FencedLeaseNoLeader reads it).
-    let leader_gauge = |port: u16| async move {
-        let (_, body) = http_get(port, "/metrics").await?;
-        body.lines()
-            .find_map(|l| l.strip_prefix("fenced_lease_leader "))
-            .map(str::to_owned)
-    };
-    let (port_a, port_b) = (first.http_port().await, second.http_port().await);
-    assert_eq!(leader_gauge(port_a).await.as_deref(), Some("1"));
-    assert_eq!(leader_gauge(port_b).await.as_deref(), Some("0"));
+    assert_eq!(first.metric("fenced_lease_leader").await, Some(1.0));
+    assert_eq!(second.metric("fenced_lease_leader").await, Some(0.0));
 
     // The leader dies without a word: the standby waits out the lease, then takes over.
     first.kill();
@@ -180,7 +173,7 @@ async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
     );
     assert_eq!(holder(&ns).await.as_deref(), Some("replica-b"));
     wait_for("replica-b to report leading", WAIT, || async {
-        (leader_gauge(port_b).await? == "1").then_some(())
+        (second.metric("fenced_lease_leader").await? == 1.0).then_some(())
     })
     .await;
     ns.api::<FencedLeaseClaim>()
