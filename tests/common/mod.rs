@@ -424,7 +424,7 @@ pub async fn client_from_kubeconfig(kubeconfig: &Path) -> Client {
         .await
         .expect("config");
     config.read_timeout = None;
-    Client::try_from(config).expect("client")
+    fenced_lease::client::client(config).expect("client")
 }
 
 impl TestNamespace {

@@ -1,7 +1,9 @@
 //! A loopback TCP proxy in front of the apiserver, for one client only, that can be cut (every
 //! connection dropped, new ones refused) and healed: an apiserver outage as that client sees
-//! it, while the operator and the test itself keep their own connections. TLS passes through
-//! untouched (the apiserver's certificate is for 127.0.0.1).
+//! it, while the operator and the test itself keep their own connections. It can also silence
+//! the connections it has (a NAT or load balancer that forgot them, an apiserver host gone
+//! without a word) while new ones go through. TLS passes through untouched (the apiserver's
+//! certificate is for 127.0.0.1).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,6 +12,8 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::config::Kubeconfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -22,8 +26,12 @@ pub struct Proxy {
     /// Milliseconds a new connection waits before it is passed on.
     delay_ms: Arc<AtomicU64>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
+    /// One flag per connection: set, the connection stays open and passes nothing on.
+    silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
     /// Connections refused while cut.
     refused: Arc<AtomicU64>,
+    /// Connections passed on to the apiserver.
+    accepted: Arc<AtomicU64>,
     accept: AbortHandle,
 }
 
@@ -41,17 +49,21 @@ impl Proxy {
         let cut = Arc::new(AtomicBool::new(false));
         let delay_ms = Arc::new(AtomicU64::new(0));
         let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let refused = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let (cut, delay_ms, connections, refused) = (
+            let (cut, delay_ms, connections, silenced, refused, accepted) = (
                 cut.clone(),
                 delay_ms.clone(),
                 connections.clone(),
+                silenced.clone(),
                 refused.clone(),
+                accepted.clone(),
             );
             async move {
                 loop {
-                    let Ok((mut client, _)) = listener.accept().await else {
+                    let Ok((client, _)) = listener.accept().await else {
                         continue;
                     };
                     if cut.load(Ordering::SeqCst) {
@@ -59,11 +71,19 @@ impl Proxy {
                         drop(client);
                         continue;
                     }
+                    accepted.fetch_add(1, Ordering::SeqCst);
                     let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
+                    let silent = Arc::new(AtomicBool::new(false));
+                    silenced.lock().unwrap().push(silent.clone());
                     let task = tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
-                        if let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        if let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                            let (from_client, to_client) = client.into_split();
+                            let (from_server, to_server) = server.into_split();
+                            tokio::join!(
+                                relay(from_client, to_server, silent.clone()),
+                                relay(from_server, to_client, silent)
+                            );
                         }
                     });
                     connections.lock().unwrap().push(task.abort_handle());
@@ -77,7 +97,9 @@ impl Proxy {
             cut,
             delay_ms,
             connections,
+            silenced,
             refused,
+            accepted,
             accept,
         }
     }
@@ -85,6 +107,11 @@ impl Proxy {
     /// Connections refused while cut (to tell that a partition was really exercised).
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::SeqCst)
+    }
+
+    /// Connections passed on to the apiserver so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// New connections are passed on only after `delay` (a slow network).
@@ -100,6 +127,14 @@ impl Proxy {
         self.cut.store(true, Ordering::SeqCst);
         for c in self.connections.lock().unwrap().drain(..) {
             c.abort();
+        }
+    }
+
+    /// Every connection open now stays open but passes nothing on, either way, from now on;
+    /// new connections go through.
+    pub fn silence(&self) {
+        for s in self.silenced.lock().unwrap().iter() {
+            s.store(true, Ordering::SeqCst);
         }
     }
 
@@ -135,6 +170,28 @@ impl Proxy {
     pub async fn client(&self, ns: &TestNamespace) -> Client {
         super::client_from_kubeconfig(&self.kubeconfig(ns, &format!("proxy-{}", self.port))).await
     }
+}
+
+/// Copies `from` to `to` until either ends; once `silent` is set, reads and drops what comes,
+/// and keeps `to` open when `from` ends (a silent connection does not close either).
+async fn relay(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, silent: Arc<AtomicBool>) {
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if silent.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    if silent.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    let _ = to.shutdown().await;
 }
 
 impl Drop for Proxy {

@@ -1,7 +1,8 @@
 //! The holder library's promises to the code that uses it, against a real apiserver and the
 //! operator: `release()` finishes even when its caller stops waiting; a guard dropped at the
 //! end of `main` releases before the runtime goes; a margin that leaves no time is refused;
-//! a heartbeat refused because the claim is over (I9) ends the hold at once.
+//! a heartbeat refused because the claim is over (I9) ends the hold at once; a holder reaches
+//! the apiserver over one connection.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -141,6 +142,56 @@ async fn a_margin_not_shorter_than_the_lease_is_refused() {
         "the safety margin (15s) must be shorter than the lease duration (15s)"
     );
     assert!(claims_of(&ns.api(), "careful").await.is_empty());
+}
+
+/// A holder's claim, watches, heartbeats and release share one connection to the apiserver
+/// (HTTP/2, `fenced_lease::client`). Over HTTP/1.1 each watch held a connection of its own, and
+/// the acquire paid a TLS handshake for each while the operator granted it.
+#[tokio::test]
+async fn a_holder_reaches_the_apiserver_over_one_connection() {
+    let ns = TestNamespace::new("one-connection").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("db", 3);
+    let proxy = Proxy::start(&ns).await;
+    let client = proxy.client(&ns).await;
+    let version = client
+        .send(
+            http::Request::get("/version")
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("GET /version")
+        .version();
+    assert_eq!(version, http::Version::HTTP_2);
+    let guard = acquire(client, &ns.name, "db", options("multiplexed"))
+        .await
+        .expect("acquire");
+    // Two heartbeats (every second, for a 3 s lease) while the watches run.
+    let claims: Api<FencedLeaseClaim> = ns.api();
+    let renewed = || async {
+        claims
+            .get(guard.claim())
+            .await
+            .ok()
+            .and_then(|c| c.spec.renew_time)
+    };
+    let seen = std::sync::Mutex::new(vec![renewed().await]);
+    wait_for("two heartbeats", WAIT, || async {
+        let now = renewed().await;
+        let mut seen = seen.lock().unwrap();
+        if !seen.contains(&now) {
+            seen.push(now);
+        }
+        (seen.len() >= 3).then_some(())
+    })
+    .await;
+    guard.release().await.expect("release");
+    assert_eq!(
+        proxy.accepted(),
+        1,
+        "connections the holder opened to the apiserver"
+    );
 }
 
 /// I9: once the claim is `Expired`, the apiserver refuses its heartbeats (the CRD's rule) and

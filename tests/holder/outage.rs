@@ -6,7 +6,8 @@
 //! - a waiter keeps its claim through an outage longer than the lease duration;
 //! - a holder survives an outage that its safe deadline leaves room for (the figure the
 //!   README gives), and no one else is granted meanwhile;
-//! - a create whose answer was lost is adopted, not left in the queue.
+//! - a create whose answer was lost is adopted, not left in the queue;
+//! - a holder whose connection goes silent moves to a new one before its deadline.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -194,6 +195,51 @@ async fn i6_a_holder_with_the_default_lease_survives_a_6s_outage_at_the_worst_mo
     let ns = TestNamespace::new("outage-hold").await;
     let _operator = OperatorProcess::start(&ns.name, &[]);
     assert!(holder_survives(&ns, "db", Duration::from_secs(6)).await);
+}
+
+/// A connection that dies without a word (an apiserver's host gone, a NAT or load balancer that
+/// forgot it) while new ones go through. Every request and watch of the holder shares that one
+/// HTTP/2 connection, and a request's own timeout does not close it: the client must notice by
+/// itself (its pings go unanswered, `fenced_lease::client::PING_INTERVAL` + `PING_TIMEOUT`) and
+/// open a new one. Silenced right after a renew, with the default lease (a renew every 5 s, the
+/// deadline 13.5 s after the last one accepted), the holder renews on a new connection and
+/// keeps its token.
+#[tokio::test]
+async fn a_holder_whose_connection_goes_silent_moves_to_a_new_one_and_keeps_the_lease() {
+    let ns = TestNamespace::new("outage-silent").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("db", 15);
+    let proxy = Proxy::start(&ns).await;
+    let holder = acquire(
+        proxy.client(&ns).await,
+        &ns.name,
+        "db",
+        options("silent").wait(WAIT),
+    )
+    .await
+    .expect("acquire");
+    let token = holder.token().expect("held");
+    let claims: Api<FencedLeaseClaim> = ns.api();
+    next_renew(&claims, holder.claim()).await;
+    proxy.silence();
+    let silenced = Instant::now();
+    let renewed =
+        tokio::time::timeout(Duration::from_secs(14), next_renew(&claims, holder.claim())).await;
+    eprintln!(
+        "MEASURED a renew got through {:?} after the holder's connection went silent; connections opened: {}",
+        renewed.as_ref().map(|at| *at - silenced),
+        proxy.accepted()
+    );
+    assert!(renewed.is_ok(), "no renew got through before the deadline");
+    assert!(proxy.accepted() >= 2, "no new connection was opened");
+    assert_eq!(
+        holder.token().ok(),
+        Some(token),
+        "the holder lost the lease"
+    );
+    let lease: fenced_lease::api::FencedLease = ns.api().get("db").await.expect("lease");
+    assert_eq!(lease.status.unwrap_or_default().fencing_token, token);
+    holder.release().await.ok();
 }
 
 /// The figure for the README: the longest outage survived at the worst moment, by trying
