@@ -377,6 +377,30 @@ impl TestNamespace {
     }
 }
 
+/// Waits for claim `name`'s next accepted renew: the instant its `renewTime` is seen to change
+/// to a new value.
+pub async fn next_renew(
+    claims: &Api<fenced_lease::api::FencedLeaseClaim>,
+    name: &str,
+) -> std::time::Instant {
+    use futures::StreamExt;
+    let events = kube::runtime::watcher::watch_object(claims.clone(), name);
+    let mut events = std::pin::pin!(events);
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        let beat = event
+            .ok()
+            .flatten()
+            .and_then(|c| c.spec.renew_time)
+            .map(|t| t.0);
+        if last.is_some() && beat != last {
+            return std::time::Instant::now();
+        }
+        last = beat.or(last);
+    }
+    panic!("claim watch ended");
+}
+
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

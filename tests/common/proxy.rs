@@ -25,9 +25,7 @@ pub struct Proxy {
     cut: Arc<AtomicBool>,
     /// Milliseconds a new connection waits before it is passed on.
     delay_ms: Arc<AtomicU64>,
-    connections: Arc<Mutex<Vec<AbortHandle>>>,
-    /// One flag per connection: set, the connection stays open and passes nothing on.
-    silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    connections: Arc<Mutex<Vec<Connection>>>,
     /// Connections refused while cut.
     refused: Arc<AtomicU64>,
     /// Connections passed on to the apiserver.
@@ -48,16 +46,14 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let cut = Arc::new(AtomicBool::new(false));
         let delay_ms = Arc::new(AtomicU64::new(0));
-        let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-        let silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let connections: Arc<Mutex<Vec<Connection>>> = Arc::default();
         let refused = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let (cut, delay_ms, connections, silenced, refused, accepted) = (
+            let (cut, delay_ms, connections, refused, accepted) = (
                 cut.clone(),
                 delay_ms.clone(),
                 connections.clone(),
-                silenced.clone(),
                 refused.clone(),
                 accepted.clone(),
             );
@@ -74,19 +70,24 @@ impl Proxy {
                     accepted.fetch_add(1, Ordering::SeqCst);
                     let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
                     let silent = Arc::new(AtomicBool::new(false));
-                    silenced.lock().unwrap().push(silent.clone());
-                    let task = tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        if let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await {
-                            let (from_client, to_client) = client.into_split();
-                            let (from_server, to_server) = server.into_split();
-                            tokio::join!(
-                                relay(from_client, to_server, silent.clone()),
-                                relay(from_server, to_client, silent)
-                            );
+                    let task = tokio::spawn({
+                        let silent = silent.clone();
+                        async move {
+                            tokio::time::sleep(delay).await;
+                            if let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                                let (from_client, to_client) = client.into_split();
+                                let (from_server, to_server) = server.into_split();
+                                tokio::join!(
+                                    relay(from_client, to_server, silent.clone()),
+                                    relay(from_server, to_client, silent)
+                                );
+                            }
                         }
                     });
-                    connections.lock().unwrap().push(task.abort_handle());
+                    connections.lock().unwrap().push(Connection {
+                        task: task.abort_handle(),
+                        silent,
+                    });
                 }
             }
         })
@@ -97,7 +98,6 @@ impl Proxy {
             cut,
             delay_ms,
             connections,
-            silenced,
             refused,
             accepted,
             accept,
@@ -126,15 +126,15 @@ impl Proxy {
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
         for c in self.connections.lock().unwrap().drain(..) {
-            c.abort();
+            c.task.abort();
         }
     }
 
     /// Every connection open now stays open but passes nothing on, either way, from now on;
     /// new connections go through.
     pub fn silence(&self) {
-        for s in self.silenced.lock().unwrap().iter() {
-            s.store(true, Ordering::SeqCst);
+        for c in self.connections.lock().unwrap().iter() {
+            c.silent.store(true, Ordering::SeqCst);
         }
     }
 
@@ -172,6 +172,13 @@ impl Proxy {
     }
 }
 
+/// A connection passed on: its relay task, and whether it is silenced.
+struct Connection {
+    task: AbortHandle,
+    /// Set: the connection stays open and passes nothing on, either way.
+    silent: Arc<AtomicBool>,
+}
+
 /// Copies `from` to `to` until either ends; once `silent` is set, reads and drops what comes,
 /// and keeps `to` open when `from` ends (a silent connection does not close either).
 async fn relay(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, silent: Arc<AtomicBool>) {
@@ -198,7 +205,7 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.accept.abort();
         for c in self.connections.lock().unwrap().drain(..) {
-            c.abort();
+            c.task.abort();
         }
     }
 }

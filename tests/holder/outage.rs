@@ -18,13 +18,11 @@ use std::time::{Duration, Instant};
 
 use common::operator::OperatorProcess;
 use common::proxy::Proxy;
-use common::{TestNamespace, wait_for};
+use common::{TestNamespace, next_renew, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLeaseClaim};
 use fenced_lease::holder::{AcquireOptions, acquire};
-use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::watcher::watch_object;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -112,26 +110,6 @@ async fn a_waiter_keeps_waiting_through_an_outage_longer_than_the_lease() {
         1,
         "one claim only"
     );
-}
-
-/// The last renew the holder sent was accepted when `renewTime` changed to a new value: the
-/// instant it is seen here.
-async fn next_renew(claims: &Api<FencedLeaseClaim>, name: &str) -> Instant {
-    let events = watch_object(claims.clone(), name);
-    let mut events = std::pin::pin!(events);
-    let mut last = None;
-    while let Some(event) = events.next().await {
-        let beat = event
-            .ok()
-            .flatten()
-            .and_then(|c| c.spec.renew_time)
-            .map(|t| t.0);
-        if last.is_some() && beat != last {
-            return Instant::now();
-        }
-        last = beat.or(last);
-    }
-    panic!("claim watch ended");
 }
 
 /// Cuts a holder with the default lease (15 s) off the API for `outage`, starting just before
