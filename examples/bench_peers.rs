@@ -8,9 +8,15 @@
 //! - client-go's `tools/leaderelection` (`bench/leaderelection`, built by
 //!   `hack/bench-leaderelection`) on a coordination.k8s.io Lease;
 //!
-//! each with its default timings and with the fastest it allows. Every candidate is its own
-//! process, so a SIGKILL is a real one; each prints `leading <unix ns>` when it holds, and the
-//! figures are that stamp minus the wall-clock instant the bench acted.
+//! each with its default timings and with the fastest it allows; and, for the acquire only, the
+//! floor of a token the server issues: one process that creates a claim and then writes its
+//! grant into the lease's status itself, back to back, in a namespace no operator serves. A
+//! fenced-lease acquire minus the floor is what the watches and the operator add to the two
+//! writes.
+//!
+//! Every candidate is its own process, so a SIGKILL is a real one; each prints
+//! `leading <unix ns>` when it holds, and the figures are that stamp minus the wall-clock
+//! instant the bench acted.
 //!
 //! ```console
 //! $ eval "$(hack/control-plane up)"
@@ -30,7 +36,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 use common::*;
-use fenced_lease::api::FencedLease;
+use fenced_lease::api::{FencedLease, FencedLeaseClaim, FencedLeaseStatus, LeaseHolder};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -78,6 +86,16 @@ struct Args {
 enum Candidate {
     /// Takes a FencedLease with the fenced-lease library; SIGTERM releases it.
     Fenced {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        lease: String,
+        #[arg(long)]
+        identity: String,
+    },
+    /// The floor: creates a claim, then writes its grant into the lease's status itself, as
+    /// the operator would (no watch, no operator); SIGTERM ends it.
+    Floor {
         #[arg(long)]
         namespace: String,
         #[arg(long)]
@@ -140,6 +158,26 @@ async fn run_candidate(candidate: Candidate) -> Res<()> {
                 reason = guard.lost() => { say("stopped"); eprintln!("lost: {reason:?}"); }
             }
         }
+        Candidate::Floor {
+            namespace,
+            lease,
+            identity,
+        } => {
+            let leases = Api::<FencedLease>::namespaced(client.clone(), &namespace);
+            let claims = Api::<FencedLeaseClaim>::namespaced(client, &namespace);
+            let mut object = leases.get(&lease).await?;
+            say("ready");
+            tokio::task::spawn_blocking(wait_for_go).await?;
+            let made = claims
+                .create(&PostParams::default(), &claim(&identity, &lease))
+                .await?;
+            object.status = Some(floor_grant(&object, &made));
+            leases
+                .replace_status(&lease, &PostParams::default(), &object)
+                .await?;
+            say("leading");
+            term.recv().await;
+        }
         Candidate::Klm {
             namespace,
             lease,
@@ -180,6 +218,39 @@ async fn run_candidate(candidate: Candidate) -> Res<()> {
     Ok(())
 }
 
+/// The status the operator writes when it grants a free `lease` to `claim`: the next token,
+/// the holder, the term, and the `Held` condition.
+fn floor_grant(lease: &FencedLease, claim: &FencedLeaseClaim) -> FencedLeaseStatus {
+    let old = lease.status.clone().unwrap_or_default();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    FencedLeaseStatus {
+        holder: Some(LeaseHolder {
+            claim: claim.name_any(),
+            claim_uid: claim.uid().unwrap_or_default(),
+            identity: claim.spec.holder_identity.clone(),
+            ..LeaseHolder::default()
+        }),
+        fencing_token: old.fencing_token + 1,
+        acquire_time: Some(MicroTime(now)),
+        lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
+        lease_transitions: old.lease_transitions + 1,
+        waiting: 0,
+        conditions: vec![Condition {
+            type_: "Held".into(),
+            status: "True".into(),
+            reason: "Held".into(),
+            message: format!(
+                "held by {} with token {}",
+                claim.spec.holder_identity,
+                old.fencing_token + 1
+            ),
+            last_transition_time: Time(now),
+            observed_generation: lease.metadata.generation,
+        }],
+        observed_generation: lease.metadata.generation,
+    }
+}
+
 // --- the systems ---------------------------------------------------------------------------
 
 #[derive(Clone, Debug)]
@@ -194,6 +265,9 @@ enum System {
     Klm(u64, u64),
     /// client-go: lease duration, renew deadline, retry period.
     ClientGo(Duration, Duration, Duration),
+    /// The floor (acquire only): a claim's create and its grant, by one process, on a
+    /// FencedLease of this many seconds.
+    Floor(u32),
 }
 
 struct Config {
@@ -245,6 +319,12 @@ fn configs() -> Vec<Config> {
             system: System::Go(1),
             duration: s(1),
             period: ms(333),
+        },
+        Config {
+            name: "floor: create a claim, write its grant (no operator)".into(),
+            system: System::Floor(15),
+            duration: s(15),
+            period: s(5),
         },
         Config {
             name: "kube-lease-manager 30/5 s (default)".into(),
@@ -402,6 +482,8 @@ struct Bench {
     args: Args,
     client: kube::Client,
     ns: String,
+    /// The floor's namespace, which no operator serves.
+    floor_ns: String,
     results: Results,
 }
 
@@ -417,6 +499,19 @@ impl Bench {
                     "fenced",
                     "--namespace",
                     &self.ns,
+                    "--lease",
+                    lease,
+                    "--identity",
+                    &identity,
+                ]);
+                Proc::spawn(c)?
+            }
+            System::Floor(_) => {
+                let mut c = Command::new(me);
+                c.args([
+                    "floor",
+                    "--namespace",
+                    &self.floor_ns,
                     "--lease",
                     lease,
                     "--identity",
@@ -474,8 +569,8 @@ impl Bench {
         Ok(proc)
     }
 
-    async fn fenced_lease(&self, name: &str, duration: u32) -> Res<()> {
-        let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), &self.ns);
+    async fn fenced_lease(&self, ns: &str, name: &str, duration: u32) -> Res<()> {
+        let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), ns);
         leases
             .create(&PostParams::default(), &lease(name, duration))
             .await?;
@@ -487,7 +582,10 @@ impl Bench {
     /// Creates the lease a config needs (FencedLease for fenced-lease; the peers create their own).
     async fn prepare(&self, config: &Config, name: &str) -> Res<()> {
         match config.system {
-            System::Library(d) | System::Cli(d) | System::Go(d) => self.fenced_lease(name, d).await,
+            System::Library(d) | System::Cli(d) | System::Go(d) => {
+                self.fenced_lease(&self.ns, name, d).await
+            }
+            System::Floor(d) => self.fenced_lease(&self.floor_ns, name, d).await,
             _ => Ok(()),
         }
     }
@@ -559,6 +657,9 @@ impl Bench {
             into.acquire.push((at - t0) as f64 / 1e6);
             cand.release().await;
         }
+        if let System::Floor(_) = config.system {
+            return Ok(()); // nothing to hand over: the floor writes one grant
+        }
 
         // Hand-over: the holder releases (SIGTERM: a graceful stop), the waiter takes over.
         let lease = format!("c{index}-r{round}-handover");
@@ -617,6 +718,9 @@ impl Bench {
             "ms",
             "",
         );
+        if let System::Floor(_) = config.system {
+            return;
+        }
         r.samples(
             section,
             name,
@@ -663,6 +767,7 @@ async fn main() {
 async fn bench(args: Args) -> Res<()> {
     let client = client().await?;
     let ns = namespace(&client, "peers").await?;
+    let floor_ns = namespace(&client, "peers-floor").await?;
     let _ = std::fs::create_dir_all(&args.log_dir);
     let log = args.log_dir.join(format!("peers-{ns}.log"));
     let mut operator = Operator::start(&args.operator, Some(&ns), &ns, &log, "info")?;
@@ -677,6 +782,7 @@ async fn bench(args: Args) -> Res<()> {
         args,
         client: client.clone(),
         ns: ns.clone(),
+        floor_ns: floor_ns.clone(),
         results,
     };
     let started = Instant::now();
@@ -718,5 +824,6 @@ async fn bench(args: Args) -> Res<()> {
     operator.stop();
     println!("{}", operator.log_summary());
     cleanup(&client, &ns).await;
+    cleanup(&client, &floor_ns).await;
     outcome
 }
