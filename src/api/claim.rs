@@ -148,10 +148,106 @@ pub struct FencedLeaseClaimStatus {
     pub observed_generation: Option<i64>,
 }
 
+/// Every field of [`FencedLeaseClaimStatus`], as the API spells it.
+const STATUS_FIELDS: [&str; 8] = [
+    "phase",
+    "fencingToken",
+    "grantTime",
+    "leaseDurationSeconds",
+    "queuePosition",
+    "message",
+    "conditions",
+    "observedGeneration",
+];
+
 impl FencedLeaseClaimStatus {
     /// This claim's term (`leaseDurationSeconds`, fixed at its grant), once the operator has
     /// set it.
     pub fn term_duration(&self) -> Option<Duration> {
         self.lease_duration_seconds.map(duration_from_seconds)
+    }
+
+    /// The `status` of a JSON merge patch that leaves the status exactly this one, as a
+    /// replace would: every field this one leaves out is sent as `null`, which removes it.
+    ///
+    /// The operator writes claim statuses this way rather than by server-side apply, which
+    /// costs the apiserver twice the CPU (bench/runs/2026-12-03-claim-status-patch).
+    pub fn merge_patch(&self) -> serde_json::Value {
+        let mut fields = match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            _ => serde_json::Map::new(), // a struct of plain fields always serializes to one
+        };
+        for name in STATUS_FIELDS {
+            fields.entry(name).or_insert(serde_json::Value::Null);
+        }
+        serde_json::Value::Object(fields)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn a_merge_patch_names_every_field_and_removes_those_left_out() {
+        // Built without `..Default::default()`: a new field fails to compile here until it is
+        // added to STATUS_FIELDS and to this test.
+        let full = FencedLeaseClaimStatus {
+            phase: Some(ClaimPhase::Granted),
+            fencing_token: Some(7),
+            grant_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            lease_duration_seconds: Some(15),
+            queue_position: Some(1),
+            message: Some("m".into()),
+            conditions: vec![Condition {
+                type_: "Granted".into(),
+                status: "True".into(),
+                reason: "Granted".into(),
+                message: String::new(),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            observed_generation: Some(1),
+        };
+        let serialized = serde_json::to_value(&full).unwrap();
+        let mut names: Vec<&str> = serialized
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        names.sort_unstable();
+        let mut known = STATUS_FIELDS.to_vec();
+        known.sort_unstable();
+        assert_eq!(
+            names, known,
+            "STATUS_FIELDS lists every field of the status"
+        );
+        assert_eq!(
+            full.merge_patch(),
+            serialized,
+            "a full status patches as itself"
+        );
+
+        let granted = FencedLeaseClaimStatus {
+            phase: Some(ClaimPhase::Granted),
+            fencing_token: Some(8),
+            ..FencedLeaseClaimStatus::default()
+        };
+        let patch = granted.merge_patch();
+        assert_eq!(patch["phase"], "Granted");
+        assert_eq!(patch["fencingToken"], 8);
+        for removed in ["queuePosition", "message", "conditions", "grantTime"] {
+            assert!(
+                patch[removed].is_null(),
+                "{removed} is sent as null: {patch}"
+            );
+            assert!(
+                patch.as_object().unwrap().contains_key(removed),
+                "{removed} is sent"
+            );
+        }
     }
 }

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio::time::Instant;
@@ -159,6 +158,15 @@ pub enum Over {
     Cached,
 }
 
+/// How the operator writes a claim's status: a JSON merge patch that names every field
+/// ([`FencedLeaseClaimStatus::merge_patch`]), under the operator's field manager.
+pub fn status_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
 /// Writes a claim's status; whether it was written (a claim gone, or already final, is not).
 pub async fn write(
     ctx: &Context,
@@ -168,15 +176,11 @@ pub async fn write(
     over: Over,
 ) -> Result<bool> {
     let claim_name = claim.name_any();
-    let mut patch = json!({
-        "apiVersion": FencedLeaseClaim::api_version(&()),
-        "kind": FencedLeaseClaim::kind(&()),
-        "status": desired,
-    });
+    let mut patch = json!({ "status": desired.merge_patch() });
     if over == Over::Cached {
         patch["metadata"] = json!({"resourceVersion": claim.metadata.resource_version});
     }
-    let (params, patch) = (PatchParams::apply(MANAGER).force(), Patch::Apply(&patch));
+    let (params, patch) = (status_params(), Patch::Merge(&patch));
     let flight = ctx
         .written
         .writing(claim.metadata.uid.as_deref().unwrap_or_default());

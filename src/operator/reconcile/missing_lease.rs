@@ -7,17 +7,16 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use super::claims::status_params;
 use super::lookup::lease_exists;
 use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
 use crate::operator::core::status;
 use crate::operator::error::{Error, Result, timed};
-use crate::operator::names::MANAGER;
 use crate::operator::state::claim::CachedClaim;
 
 /// When to look at a claim again, if at all.
@@ -69,12 +68,11 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
     let message = desired.message.clone().unwrap_or_default();
     if desired != current {
         let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
-        let patch = json!({ "apiVersion": FencedLeaseClaim::api_version(&()), "kind": FencedLeaseClaim::kind(&()), "status": desired });
-        let params = PatchParams::apply(MANAGER).force();
+        let patch = json!({ "status": desired.merge_patch() });
         timed(
             "write claim status",
             ctx.kube.timeout,
-            api.patch_status(&claim.name_any(), &params, &Patch::Apply(&patch)),
+            api.patch_status(&claim.name_any(), &status_params(), &Patch::Merge(&patch)),
         )
         .await?;
     }
