@@ -81,36 +81,29 @@ struct Args {
     results: Option<PathBuf>,
 }
 
+/// The lease a candidate takes (a FencedLease, or a Lease for kube-lease-manager), and as whom.
+#[derive(clap::Args)]
+struct Target {
+    #[arg(long)]
+    namespace: String,
+    #[arg(long)]
+    lease: String,
+    #[arg(long)]
+    identity: String,
+}
+
 /// A candidate process (the bench runs itself as one).
 #[derive(Subcommand)]
 enum Candidate {
     /// Takes a FencedLease with the fenced-lease library; SIGTERM releases it.
-    Fenced {
-        #[arg(long)]
-        namespace: String,
-        #[arg(long)]
-        lease: String,
-        #[arg(long)]
-        identity: String,
-    },
+    Fenced(Target),
     /// The floor: creates a claim, then writes its grant into the lease's status itself, as
     /// the operator would (no watch, no operator); SIGTERM ends it.
-    Floor {
-        #[arg(long)]
-        namespace: String,
-        #[arg(long)]
-        lease: String,
-        #[arg(long)]
-        identity: String,
-    },
+    Floor(Target),
     /// Takes a coordination.k8s.io Lease with kube-lease-manager; SIGTERM releases it.
     Klm {
-        #[arg(long)]
-        namespace: String,
-        #[arg(long)]
-        lease: String,
-        #[arg(long)]
-        identity: String,
+        #[command(flatten)]
+        target: Target,
         #[arg(long)]
         duration: u64,
         #[arg(long)]
@@ -138,11 +131,11 @@ async fn run_candidate(candidate: Candidate) -> Res<()> {
     let client = fenced_lease::client::infer().await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     match candidate {
-        Candidate::Fenced {
+        Candidate::Fenced(Target {
             namespace,
             lease,
             identity,
-        } => {
+        }) => {
             let _ = Api::<FencedLease>::namespaced(client.clone(), &namespace)
                 .get_opt(&lease)
                 .await;
@@ -158,11 +151,11 @@ async fn run_candidate(candidate: Candidate) -> Res<()> {
                 reason = guard.lost() => { say("stopped"); eprintln!("lost: {reason:?}"); }
             }
         }
-        Candidate::Floor {
+        Candidate::Floor(Target {
             namespace,
             lease,
             identity,
-        } => {
+        }) => {
             let leases = Api::<FencedLease>::namespaced(client.clone(), &namespace);
             let claims = Api::<FencedLeaseClaim>::namespaced(client, &namespace);
             let mut object = leases.get(&lease).await?;
@@ -179,16 +172,14 @@ async fn run_candidate(candidate: Candidate) -> Res<()> {
             term.recv().await;
         }
         Candidate::Klm {
-            namespace,
-            lease,
-            identity,
+            target,
             duration,
             grace,
         } => {
             use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
-            let manager = LeaseManagerBuilder::new(client, lease)
-                .with_namespace(namespace)
-                .with_identity(identity)
+            let manager = LeaseManagerBuilder::new(client, target.lease)
+                .with_namespace(target.namespace)
+                .with_identity(target.identity)
                 .with_duration(duration)
                 .with_grace(grace)
                 .with_create_mode(LeaseCreateMode::AutoCreate)
@@ -492,44 +483,18 @@ impl Bench {
     async fn candidate(&self, config: &Config, lease: &str) -> Res<Proc> {
         let identity = format!("cand-{:08x}", rand::random::<u32>());
         let me = std::env::current_exe()?;
+        // This bench, run as the candidate `subcommand` in `namespace`.
+        let self_as = |subcommand: &str, namespace: &str| {
+            let mut c = Command::new(&me);
+            c.args([subcommand, "--namespace", namespace, "--lease", lease])
+                .args(["--identity", &identity]);
+            c
+        };
         let mut proc = match &config.system {
-            System::Library(_) => {
-                let mut c = Command::new(me);
-                c.args([
-                    "fenced",
-                    "--namespace",
-                    &self.ns,
-                    "--lease",
-                    lease,
-                    "--identity",
-                    &identity,
-                ]);
-                Proc::spawn(c)?
-            }
-            System::Floor(_) => {
-                let mut c = Command::new(me);
-                c.args([
-                    "floor",
-                    "--namespace",
-                    &self.floor_ns,
-                    "--lease",
-                    lease,
-                    "--identity",
-                    &identity,
-                ]);
-                Proc::spawn(c)?
-            }
+            System::Library(_) => Proc::spawn(self_as("fenced", &self.ns))?,
+            System::Floor(_) => Proc::spawn(self_as("floor", &self.floor_ns))?,
             System::Klm(d, g) => {
-                let mut c = Command::new(me);
-                c.args([
-                    "klm",
-                    "--namespace",
-                    &self.ns,
-                    "--lease",
-                    lease,
-                    "--identity",
-                    &identity,
-                ]);
+                let mut c = self_as("klm", &self.ns);
                 c.args(["--duration", &d.to_string(), "--grace", &g.to_string()]);
                 Proc::spawn(c)?
             }
