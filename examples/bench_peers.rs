@@ -37,6 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::{Parser, Subcommand};
 use common::*;
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, FencedLeaseStatus, LeaseHolder};
+use fenced_lease::operator::reconcile::token_records::FINALIZER;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -534,14 +535,29 @@ impl Bench {
         Ok(proc)
     }
 
+    /// Creates a FencedLease. In the operator's namespace, returns once the operator has put
+    /// its finalizer on, so that a first acquire is timed as any later one.
     async fn fenced_lease(&self, ns: &str, name: &str, duration: u32) -> Res<()> {
         let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), ns);
         leases
             .create(&PostParams::default(), &lease(name, duration))
             .await?;
-        // The operator puts its finalizer on before the first grant.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        Ok(())
+        if ns == self.floor_ns {
+            return Ok(());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = leases.get(name).await?;
+            if seen.finalizers().iter().any(|f| f == FINALIZER) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return fail(format!(
+                    "FencedLease {ns}/{name}: the operator put no finalizer on within 30 s"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Creates the lease a config needs (FencedLease for fenced-lease; the peers create their own).
