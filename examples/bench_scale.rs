@@ -823,17 +823,3 @@ async fn live(
     operator.stop();
     Ok(())
 }
-
-/// A pod with a Deployment's labels and an annotation, never run here. No owner reference:
-/// the garbage collector would delete a pod whose owner does not exist.
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "name": name,
-            "labels": {"app": "bench-holder", "pod-template-hash": "5d9f7c8b6"},
-            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T00:00:00Z"}
-        },
-        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
-    }))
-    .expect("a valid Pod")
-}

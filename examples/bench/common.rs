@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -45,6 +45,20 @@ pub fn claim(name: &str, lease: &str) -> FencedLeaseClaim {
         "spec": {"leaseName": lease, "holderIdentity": name}
     }))
     .expect("a valid FencedLeaseClaim")
+}
+
+/// A pod with a Deployment's labels and an annotation, never run here. No owner reference:
+/// the garbage collector would delete a pod whose owner does not exist.
+pub fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"app": "bench-holder", "pod-template-hash": "5d9f7c8b6"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T00:00:00Z"}
+        },
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .expect("a valid Pod")
 }
 
 /// A fresh namespace `prefix-xxxxxx`.

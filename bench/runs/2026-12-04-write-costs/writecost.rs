@@ -5,7 +5,6 @@
 //! `cargo run --release --example writecost -- ROUNDS` (it reads the control plane's pids from
 //! /tmp/fenced-lease-control-plane-0/).
 #[path = "bench/common.rs"]
-#[allow(dead_code)]
 mod common;
 
 use common::*;
@@ -29,18 +28,6 @@ fn pid(name: &str) -> u32 {
         .trim()
         .parse()
         .unwrap()
-}
-
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "name": name,
-            "labels": {"app": "bench-holder", "pod-template-hash": "5d9f7c8b6"},
-            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T00:00:00Z"}
-        },
-        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
-    }))
-    .unwrap()
 }
 
 fn grant(lease: &FencedLease, claim: &str, token: i64) -> FencedLeaseStatus {
@@ -94,6 +81,37 @@ where
         da,
         de
     );
+}
+
+/// The three ways of writing a grant into the lease's status that were compared.
+#[derive(Clone, Copy)]
+enum Grant {
+    Put,
+    PutWithoutManagedFields,
+    Merge,
+}
+
+/// Reads lease `name`, then writes the next grant into its status, as `how` says.
+async fn write_grant(leases: &Api<FencedLease>, name: String, how: Grant) {
+    let mut l = leases.get(&name).await.unwrap();
+    let token = l.status.as_ref().map_or(0, |s| s.fencing_token) + 1;
+    let status = grant(&l, &name, token);
+    match how {
+        Grant::Merge => {
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": l.resource_version()},
+                "status": status});
+            let params = PatchParams::default();
+            leases.patch_status(&name, &params, &Patch::Merge(&patch)).await.unwrap();
+        }
+        Grant::Put | Grant::PutWithoutManagedFields => {
+            l.status = Some(status);
+            if let Grant::PutWithoutManagedFields = how {
+                l.metadata.managed_fields = None;
+            }
+            leases.replace_status(&name, &PostParams::default(), &l).await.unwrap();
+        }
+    }
 }
 
 #[tokio::main]
@@ -173,48 +191,13 @@ async fn main() -> Res<()> {
             }
         })
         .await;
-        measure("lease status PUT (+get)", idle, |i| {
-            let leases = &leases;
-            async move {
-                let mut l = leases.get(&name(i)).await.unwrap();
-                let token = l.status.as_ref().map_or(0, |s| s.fencing_token) + 1;
-                l.status = Some(grant(&l, &name(i), token));
-                leases
-                    .replace_status(&name(i), &PostParams::default(), &l)
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-        measure("lease status PUT, no mf (+get)", idle, |i| {
-            let leases = &leases;
-            async move {
-                let mut l = leases.get(&name(i)).await.unwrap();
-                let token = l.status.as_ref().map_or(0, |s| s.fencing_token) + 1;
-                l.status = Some(grant(&l, &name(i), token));
-                l.metadata.managed_fields = None;
-                leases
-                    .replace_status(&name(i), &PostParams::default(), &l)
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-        measure("lease status merge (+get)", idle, |i| {
-            let leases = &leases;
-            async move {
-                let l = leases.get(&name(i)).await.unwrap();
-                let token = l.status.as_ref().map_or(0, |s| s.fencing_token) + 1;
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": l.resource_version()},
-                    "status": grant(&l, &name(i), token)});
-                leases
-                    .patch_status(&name(i), &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
+        for (what, how) in [
+            ("lease status PUT (+get)", Grant::Put),
+            ("lease status PUT, no mf (+get)", Grant::PutWithoutManagedFields),
+            ("lease status merge (+get)", Grant::Merge),
+        ] {
+            measure(what, idle, |i| write_grant(&leases, name(i), how)).await;
+        }
         measure("claim status merge patch", idle, |i| {
             let claims = &claims;
             async move {
