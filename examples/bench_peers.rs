@@ -535,16 +535,18 @@ impl Bench {
         Ok(proc)
     }
 
-    /// Creates a FencedLease. In the operator's namespace, returns once the operator has put
-    /// its finalizer on, so that a first acquire is timed as any later one.
     async fn fenced_lease(&self, ns: &str, name: &str, duration: u32) -> Res<()> {
         let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), ns);
         leases
             .create(&PostParams::default(), &lease(name, duration))
             .await?;
-        if ns == self.floor_ns {
-            return Ok(());
-        }
+        Ok(())
+    }
+
+    /// Waits until the operator has put its finalizer on lease `name` of the bench's namespace,
+    /// so that a first acquire is timed as any later one.
+    async fn finalized(&self, name: &str) -> Res<()> {
+        let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), &self.ns);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let seen = leases.get(name).await?;
@@ -553,7 +555,8 @@ impl Bench {
             }
             if Instant::now() > deadline {
                 return fail(format!(
-                    "FencedLease {ns}/{name}: the operator put no finalizer on within 30 s"
+                    "FencedLease {}/{name}: the operator put no finalizer on within 30 s",
+                    self.ns
                 ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -564,8 +567,10 @@ impl Bench {
     async fn prepare(&self, config: &Config, name: &str) -> Res<()> {
         match config.system {
             System::Library(d) | System::Cli(d) | System::Go(d) => {
-                self.fenced_lease(&self.ns, name, d).await
+                self.fenced_lease(&self.ns, name, d).await?;
+                self.finalized(name).await
             }
+            // No operator serves the floor's namespace: no finalizer to wait for.
             System::Floor(d) => self.fenced_lease(&self.floor_ns, name, d).await,
             _ => Ok(()),
         }

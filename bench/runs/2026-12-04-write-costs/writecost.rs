@@ -102,29 +102,28 @@ async fn write_grant(leases: &Api<FencedLease>, name: String, how: Grant) {
                 "metadata": {"resourceVersion": l.resource_version()},
                 "status": status});
             let params = PatchParams::default();
-            leases.patch_status(&name, &params, &Patch::Merge(&patch)).await.unwrap();
+            leases
+                .patch_status(&name, &params, &Patch::Merge(&patch))
+                .await
+                .unwrap();
         }
         Grant::Put | Grant::PutWithoutManagedFields => {
             l.status = Some(status);
             if let Grant::PutWithoutManagedFields = how {
                 l.metadata.managed_fields = None;
             }
-            leases.replace_status(&name, &PostParams::default(), &l).await.unwrap();
+            leases
+                .replace_status(&name, &PostParams::default(), &l)
+                .await
+                .unwrap();
         }
     }
 }
 
 #[tokio::main]
 async fn main() -> Res<()> {
-    let client = kube::Client::try_default().await?;
-    let ns = format!("wc-{:06x}", rand::random::<u32>() & 0xffffff);
-    let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    nsapi
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
+    let client = client().await?;
+    let ns = namespace(&client, "wc").await?;
     let leases = Api::<FencedLease>::namespaced(client.clone(), &ns);
     let claims = Api::<FencedLeaseClaim>::namespaced(client.clone(), &ns);
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
@@ -138,21 +137,21 @@ async fn main() -> Res<()> {
     ] {
         tokio::spawn(s.for_each(|_| async {}));
     }
-    let pp = PostParams::default();
     println!("namespace {ns}: creating {N} leases, claims and pods");
-    stream::iter(0..N)
-        .map(|i| {
-            let (leases, claims, pods, pp) = (&leases, &claims, &pods, &pp);
-            async move {
-                let name = format!("l{i:05}");
-                leases.create(pp, &lease(&name, 15)).await.unwrap();
-                claims.create(pp, &claim(&name, &name)).await.unwrap();
-                pods.create(pp, &pod(&name)).await.unwrap();
-            }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .collect::<Vec<_>>()
-        .await;
+    let names: Vec<String> = (0..N).map(|i| format!("l{i:05}")).collect();
+    create_all(
+        &leases,
+        names.iter().map(|n| lease(n, 15)).collect(),
+        IN_FLIGHT,
+    )
+    .await?;
+    create_all(
+        &claims,
+        names.iter().map(|n| claim(n, n)).collect(),
+        IN_FLIGHT,
+    )
+    .await?;
+    create_all(&pods, names.iter().map(|n| pod(n)).collect(), IN_FLIGHT).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (a, e) = (pid("kube-apiserver"), pid("etcd"));
     let (a0, e0, t0) = (cpu_seconds(a), cpu_seconds(e), Instant::now());
@@ -193,7 +192,10 @@ async fn main() -> Res<()> {
         .await;
         for (what, how) in [
             ("lease status PUT (+get)", Grant::Put),
-            ("lease status PUT, no mf (+get)", Grant::PutWithoutManagedFields),
+            (
+                "lease status PUT, no mf (+get)",
+                Grant::PutWithoutManagedFields,
+            ),
             ("lease status merge (+get)", Grant::Merge),
         ] {
             measure(what, idle, |i| write_grant(&leases, name(i), how)).await;
