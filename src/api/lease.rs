@@ -10,7 +10,7 @@ use kube::core::Rule;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::{MAX_LEASE_NAME_LEN, duration_from_seconds};
+use super::{MAX_LEASE_NAME_LEN, MAX_MIN_TOKEN, duration_from_seconds};
 
 /// Desired behaviour of a fenced lease.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -42,9 +42,10 @@ pub struct FencedLeaseSpec {
     pub lease_duration_seconds: i32,
 
     /// Floor for the next token: it is greater than both the last token and this value.
-    /// Raise it after restoring the protected resource from a backup.
+    /// Raise it after restoring the protected resource from a backup. At most 2^52
+    /// (4503599627370496): tokens stay below 2^53, which every fence compares exactly.
     #[serde(default)]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_MIN_TOKEN))]
     pub min_token: i64,
 
     /// Annotate the holder's pod with `token.fencing.dev/<lease name>: <token>`.
@@ -69,14 +70,62 @@ pub struct FencedLeaseSpec {
 #[serde(rename_all = "camelCase")]
 pub struct FenceSpec {
     /// The kinds fenced, in the lease's namespace, every subresource (`status`, `scale`, ...)
-    /// included.
-    #[schemars(length(min = 1, max = 32))]
+    /// included: at most 8, each one its author may update and delete there.
+    #[schemars(length(min = 1, max = 8))]
     pub resources: Vec<FencedResource>,
 
-    /// Only the objects whose labels match (every object of the kinds when absent). A `scale`
-    /// subresource carries no labels, so with a selector scales are not fenced.
+    /// Only the objects whose labels match (every object of the kinds when absent). A
+    /// subresource other than `status` (`scale`, `eviction`, ...) is sent without the object's
+    /// labels, so it is fenced for every object of the kind, selector or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "fence_selector_schema")]
     pub selector: Option<LabelSelector>,
+}
+
+/// A label value: at most 63 characters, alphanumerics and `-_.` inside.
+const LABEL_VALUE: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name as a label value.
+const LABEL_KEY: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
+
+/// The schema of `spec.fence.selector`: a LabelSelector whose operators, keys and values the
+/// apiserver checks at admission (a selector it would refuse in a policy must never reach
+/// one), with bounds that keep its CEL rule cheap.
+fn fence_selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Only the objects whose labels match (every object of the kinds when absent). A subresource other than `status` (`scale`, `eviction`, ...) is sent without the object's labels, so it is fenced for every object of the kind, selector or not.",
+        "nullable": true,
+        "type": "object",
+        "properties": {
+            "matchLabels": {
+                "description": "Labels the object must carry, each with this value.",
+                "type": "object",
+                "maxProperties": 16,
+                "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE},
+            },
+            "matchExpressions": {
+                "description": "Requirements on the object's labels, all of which must hold.",
+                "type": "array",
+                "maxItems": 16,
+                "items": {
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": {"type": "string", "maxLength": 317, "pattern": LABEL_KEY},
+                        "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                        "values": {
+                            "type": "array",
+                            "maxItems": 64,
+                            "items": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE},
+                        },
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": "(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+                        "message": "values must be non-empty with operator In or NotIn, and empty with Exists or DoesNotExist",
+                    }],
+                },
+            },
+        },
+    })
 }
 
 /// A kind of object, named as in RBAC rules.
@@ -84,9 +133,20 @@ pub struct FenceSpec {
     Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, KubeSchema,
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.group != 'fencing.dev'").message(
-    "objects of group fencing.dev cannot be fenced: holders and the operator must always reach their leases and claims"
-))]
+#[x_kube(
+    validation = Rule::new("self.group != 'fencing.dev'").message(
+        "objects of group fencing.dev cannot be fenced: holders and the operator must always reach their leases and claims"
+    ),
+    validation = Rule::new("!(self.group == 'coordination.k8s.io' && self.resource == 'leases')").message(
+        "coordination.k8s.io leases cannot be fenced: every controller's leader election and the nodes' heartbeats write them (follow a Lease instead of fencing it)"
+    ),
+    validation = Rule::new("!(self.resource == 'events' && self.group in ['', 'events.k8s.io'])").message(
+        "events cannot be fenced: every component of the cluster records them"
+    ),
+    validation = Rule::new("!(self.group in ['authorization.k8s.io', 'authentication.k8s.io'])").message(
+        "access reviews (authorization.k8s.io, authentication.k8s.io) cannot be fenced: they are how clients ask what they may do"
+    ),
+)]
 pub struct FencedResource {
     /// API group: `""` (the core group), `apps`, `batch`, ...
     #[serde(default)]

@@ -33,6 +33,15 @@ pub const LEASE_LABEL: &str = "fencing.dev/lease";
 /// lower than the lease's current token.
 pub const TOKEN_ANNOTATION: &str = "fencing.dev/token";
 
+/// The largest fencing token: 2^53 - 1. Every shipped fence compares tokens up to it exactly
+/// (the admission policies as CEL integers, PostgreSQL as `bigint`, Redis as doubles, which
+/// are exact only below 2^53), so the operator issues none above it and the fences refuse
+/// larger ones as malformed.
+pub const MAX_TOKEN: i64 = (1 << 53) - 1;
+
+/// The largest `spec.minToken`: 2^52, which leaves 2^52 - 1 tokens above any floor.
+pub const MAX_MIN_TOKEN: i64 = 1 << 52;
+
 /// Longest lease name: the name part of an annotation key is limited to 63 characters. The
 /// schema refuses longer names, for leases and for the claims that name them.
 pub const MAX_LEASE_NAME_LEN: usize = 63;

@@ -26,6 +26,10 @@ pub enum Error {
         "token record {record} is damaged ({reason}); fix it to a decimal token, or delete the key and raise spec.minToken above every token this lease name ever issued"
     )]
     TokenRecord { record: String, reason: String },
+    /// The admission objects that fence the lease could not be put in place: it grants no one
+    /// until they are.
+    #[error("the lease's fence is not in force, so no claim is granted: {0}")]
+    Fence(Box<Error>),
 }
 
 impl Error {
@@ -40,6 +44,7 @@ impl Error {
             Error::Contended(_) => "contended",
             Error::Unexpected(_) => "unexpected",
             Error::TokenRecord { .. } => "token_record",
+            Error::Fence(_) => "fence",
         }
     }
 
@@ -52,12 +57,17 @@ impl Error {
             Error::Contended(_) => "Contended",
             Error::Unexpected(_) => "UnexpectedObject",
             Error::TokenRecord { .. } => "TokenRecordUnreadable",
+            Error::Fence(_) => "FenceNotInForce",
         }
     }
 
     /// Is this a 409 Conflict (someone else wrote first)?
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 409)
+        match self {
+            Error::Kube(kube::Error::Api(e)) => e.code == 409,
+            Error::Fence(e) => e.is_conflict(),
+            _ => false,
+        }
     }
 
     /// Is this a 422 Invalid (a precondition or validation rule refused the write)?

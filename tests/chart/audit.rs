@@ -119,7 +119,7 @@ pub fn forbidden(requests: &[Request]) -> Vec<String> {
 
 /// Verbs no request carries: the admission policies ask the authorizer for them
 /// (deploy/admission/), so the audit log never shows them used.
-const ADMISSION_VERBS: [&str; 1] = ["override"];
+const ADMISSION_VERBS: [&str; 2] = ["override", "operate"];
 
 /// Granted permissions no request used.
 pub fn unused(granted: &[Permission], requests: &[Request]) -> Vec<Permission> {

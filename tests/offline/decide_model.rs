@@ -80,6 +80,7 @@ impl World {
             high_water_mark: 0,
             min_token: 0,
             deleting: false,
+            unfenced: None,
             term: DURATION,
             duration: DURATION,
         };
@@ -185,6 +186,7 @@ impl World {
             high_water_mark,
             min_token: 0,
             deleting: false,
+            unfenced: None,
             term: DURATION,
             duration: DURATION,
         };

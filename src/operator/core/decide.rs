@@ -51,6 +51,9 @@ pub struct LeaseView {
     pub min_token: i64,
     /// Has a deletion timestamp: holders are revoked and no one is granted.
     pub deleting: bool,
+    /// Why the fence the lease asks for is not in force, if it is not: no one is granted
+    /// (I12: fail closed), while the holder keeps its term and expiries go on.
+    pub unfenced: Option<String>,
     /// Duration of the running term (fixed at its grant, I10).
     pub term: Duration,
     /// `spec.leaseDurationSeconds`: the next term's duration, and how long a waiter may stay
@@ -118,6 +121,8 @@ pub struct Plan {
     pub expire: Vec<String>,
     /// A claim is waiting but no token is left to issue.
     pub tokens_exhausted: bool,
+    /// A claim is waiting but the lease's fence is not in force: why.
+    pub unfenced: Option<String>,
     /// Decide again at this instant (the holder's heartbeat deadline).
     pub wake_at: Option<Instant>,
     /// Claim name -> index in `queue` (filled by [`decide`]).
@@ -185,6 +190,7 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64
         queue: Vec::new(),
         expire: Vec::new(),
         tokens_exhausted: false,
+        unfenced: None,
         wake_at: None,
         positions: HashMap::new(),
     };
@@ -223,7 +229,9 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64
         while let Some(next) = waiting.next_if(|c| now >= c.last_beat + lease.duration) {
             plan.expire.push(next.uid.clone());
         }
-        if let Some(next) = waiting.next() {
+        if let Some(cause) = &lease.unfenced {
+            plan.unfenced = waiting.peek().map(|_| cause.clone());
+        } else if let Some(next) = waiting.next() {
             let floor = TokenFloor {
                 last_issued: lease.last_token,
                 recorded: lease.high_water_mark,
@@ -286,6 +294,7 @@ mod tests {
             high_water_mark: 0,
             min_token: 0,
             deleting: false,
+            unfenced: None,
             term: D,
             duration: D,
         }
@@ -483,6 +492,36 @@ mod tests {
         let plan = decide(&lease, &claims, now, NOW_MS);
         assert_eq!(plan.ended.map(|e| e.reason), Some(EndReason::LeaseDeleted));
         assert_eq!(plan.grant, None);
+    }
+
+    #[test]
+    fn a_lease_whose_fence_is_not_in_force_grants_no_one_but_still_expires_its_holder() {
+        let now = Instant::now();
+        let unfenced = |lease: LeaseView| LeaseView {
+            unfenced: Some("policy refused".into()),
+            ..lease
+        };
+        let plan = decide(&unfenced(free_lease()), &[claim("a", 1, now)], now, NOW_MS);
+        assert_eq!(plan.grant, None);
+        assert_eq!(plan.unfenced.as_deref(), Some("policy refused"));
+        assert_eq!(plan.queue, ["a"], "the claim waits, first in line");
+
+        let plan = decide(&unfenced(free_lease()), &[], now, NOW_MS);
+        assert_eq!(plan.unfenced, None, "nothing waits: nothing held up");
+
+        let silent = now - D - Duration::from_secs(1);
+        let claims = [granted("a", 1, silent), claim("b", 2, now)];
+        let plan = decide(&unfenced(held_by("uid-a", 3)), &claims, now, NOW_MS);
+        assert_eq!(plan.ended.map(|e| e.reason), Some(EndReason::Expired));
+        assert_eq!(plan.grant, None);
+
+        let claims = [granted("a", 1, now), claim("b", 2, now)];
+        let plan = decide(&unfenced(held_by("uid-a", 3)), &claims, now, NOW_MS);
+        assert_eq!(
+            plan.holder_uid.as_deref(),
+            Some("uid-a"),
+            "the term runs on"
+        );
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! The lease rules of the object fence. For each FencedLease the operator keeps up to two
 //! ValidatingAdmissionPolicyBindings of the lease rules (`deploy/admission/fence-policy.yaml`),
-//! each with the lease itself as params (`paramRef.name`, `parameterNotFoundAction: Deny`):
+//! each with the lease itself as params (`paramRef.name`, `parameterNotFoundAction: Allow`: a
+//! lease that is gone fences nothing):
 //! - `fenced-lease.<ns>.<lease>`, while `spec.fenceObjects` is on: the objects of the lease's
 //!   namespace labelled `fencing.dev/lease=<lease>`, through the shared policy
 //!   [`LEASE_POLICY`], which matches labelled objects only;
 //! - `fenced-lease-kinds.<ns>.<lease>`, while `spec.fence` is set: the objects of the kinds it
-//!   names (and its selector) in the lease's namespace, every subresource included, through a
-//!   policy of the lease's own of the same name ([`super::fence_policy`]), which matches only
-//!   those objects.
+//!   names in the lease's namespace, every subresource included, through a policy of the
+//!   lease's own of the same name ([`super::fence_policy`]), which matches only those objects
+//!   (its selector is the policy's match condition).
 //!
 //! A policy matches no more than what it fences because the apiserver refuses *every* write
 //! a policy matches while it cannot resolve the policy's params kind (for up to 30 s after it
@@ -20,8 +21,9 @@
 //!
 //! A binding is cluster-scoped and cannot be owned by a namespaced lease, so nothing garbage
 //! collects it: the operator deletes it when its field is turned off, when the lease is
-//! deleted (before its finalizer goes), and, after every (re)list of its bindings and every
-//! five minutes, any whose lease the API says is gone. Every step is idempotent and safe if
+//! deleted (before its finalizer goes), on the lease's delete event (its finalizer stripped),
+//! and, after every (re)list of its bindings and every five minutes, any whose lease the API
+//! says is gone. Every step is idempotent and safe if
 //! the one before never ran. The operator's bindings are labelled, and watched into a cache,
 //! so that an unchanged lease costs no API call.
 
@@ -107,7 +109,9 @@ pub fn kinds_match(ns: &str, fence: &FenceSpec) -> MatchResources {
         .collect();
     MatchResources {
         namespace_selector: Some(selector("kubernetes.io/metadata.name", ns)),
-        object_selector: fence.selector.clone(),
+        // The selector is the policy's match condition: as an objectSelector it would never
+        // match a scale, which carries no labels.
+        object_selector: None,
         resource_rules: Some(rules),
         ..Default::default()
     }
@@ -140,8 +144,10 @@ fn binding(
             param_ref: Some(ParamRef {
                 name: Some(name.into()),
                 namespace: Some(ns.into()),
-                // A missing lease refuses the write rather than letting it through.
-                parameter_not_found_action: Some("Deny".into()),
+                // A lease that is gone fences nothing: a binding it left behind (its
+                // finalizer stripped) refuses no one. While the apiserver cannot yet read
+                // FencedLeases at all, the policy fails closed (`failurePolicy: Fail`).
+                parameter_not_found_action: Some("Allow".into()),
                 selector: None,
             }),
             match_resources: Some(match_resources),
@@ -247,7 +253,7 @@ mod tests {
             (param.name.as_deref(), param.namespace.as_deref()),
             (Some("db.migrate"), Some("team-a"))
         );
-        assert_eq!(param.parameter_not_found_action.as_deref(), Some("Deny"));
+        assert_eq!(param.parameter_not_found_action.as_deref(), Some("Allow"));
         let objects = spec
             .match_resources
             .as_ref()
@@ -290,7 +296,10 @@ mod tests {
                 ),
             ]
         );
-        assert_eq!(m.object_selector, fence.selector);
+        assert_eq!(
+            m.object_selector, None,
+            "the selector is the policy's condition"
+        );
         assert_eq!(
             m.namespace_selector.clone().unwrap().match_labels.unwrap()["kubernetes.io/metadata.name"],
             "team-a"

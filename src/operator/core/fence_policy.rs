@@ -15,8 +15,9 @@
 use std::sync::LazyLock;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicySpec,
+    MatchCondition, ValidatingAdmissionPolicy, ValidatingAdmissionPolicySpec,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
@@ -64,6 +65,12 @@ pub fn desired_kinds_policy(
             ..kinds_match(ns, fence)
         },
     );
+    spec.match_conditions = fence.selector.as_ref().map(|selector| {
+        vec![MatchCondition {
+            name: "selected".into(),
+            expression: selected(selector),
+        }]
+    });
     Ok(ValidatingAdmissionPolicy {
         metadata: ObjectMeta {
             name: Some(kinds_binding_name(ns, name)),
@@ -73,6 +80,67 @@ pub fn desired_kinds_policy(
         spec: Some(spec),
         status: None,
     })
+}
+
+/// The CEL condition of a kinds policy with a selector: the object written (or the one it
+/// replaces or deletes) has labels that match, as a binding's `objectSelector` would match
+/// them; or the write is to a subresource other than `status`, whose request carries no labels
+/// of the object (`scale`, `eviction`): those are fenced for every object of the kind, since
+/// the apiserver cannot tell which object's labels they concern.
+pub fn selected(selector: &LabelSelector) -> String {
+    let mut rules: Vec<String> = Vec::new();
+    for (key, value) in selector.match_labels.iter().flatten() {
+        let (has, label) = (has_label(key), label(key));
+        rules.push(format!("({has} && {label} == {})", cel_string(value)));
+    }
+    for e in selector.match_expressions.iter().flatten() {
+        let values: Vec<String> = e.values.iter().flatten().map(|v| cel_string(v)).collect();
+        let values = format!("[{}]", values.join(", "));
+        let (has, label) = (has_label(&e.key), label(&e.key));
+        rules.push(match e.operator.as_str() {
+            "In" => format!("({has} && {label} in {values})"),
+            "NotIn" => format!("!({has} && {label} in {values})"),
+            "Exists" => has,
+            "DoesNotExist" => format!("!{has}"),
+            // The schema admits no other operator; one that got past it selects nothing.
+            _ => "false".into(),
+        });
+    }
+    let matches = if rules.is_empty() {
+        "true".to_string()
+    } else {
+        rules.join(" && ")
+    };
+    format!(
+        "!(request.subResource in ['', 'status']) || [object, oldObject].exists(o, o != null && {matches})"
+    )
+}
+
+/// Object `o` carries label `key`.
+fn has_label(key: &str) -> String {
+    format!(
+        "(has(o.metadata.labels) && {} in o.metadata.labels)",
+        cel_string(key)
+    )
+}
+
+/// The value of object `o`'s label `key` (when [`has_label`]).
+fn label(key: &str) -> String {
+    format!("o.metadata.labels[{}]", cel_string(key))
+}
+
+/// `text` as a CEL string literal.
+fn cel_string(text: &str) -> String {
+    let escaped: String = text
+        .chars()
+        .flat_map(|c| match c {
+            '\\' => vec!['\\', '\\'],
+            '\'' => vec!['\\', '\''],
+            '\n' => vec!['\\', 'n'],
+            c => vec![c],
+        })
+        .collect();
+    format!("'{escaped}'")
 }
 
 /// Does `existing` say what `desired` says? (The apiserver adds defaults; they are ignored.)
@@ -158,7 +226,6 @@ mod tests {
         let mut stored = desired.clone();
         let spec = stored.spec.as_mut().unwrap();
         spec.failure_policy = None;
-        spec.match_conditions = Some(vec![]);
         let constraints = spec.match_constraints.as_mut().unwrap();
         constraints.match_policy = Some("Equivalent".into());
         constraints.exclude_resource_rules.as_mut().unwrap()[0].scope = Some("*".into());
@@ -182,6 +249,47 @@ mod tests {
             .unwrap()
             .pop();
         assert!(!is_current(&stored, &desired), "a rule dropped by hand");
+    }
+
+    #[test]
+    fn a_selector_becomes_a_condition_on_either_object_and_label_less_subresources_are_fenced() {
+        let selector: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"app": "bo'oks"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "team", "operator": "NotIn", "values": ["x"]},
+                {"key": "db", "operator": "Exists"},
+                {"key": "tmp", "operator": "DoesNotExist"},
+            ],
+        }))
+        .unwrap();
+        let condition = selected(&selector);
+        assert!(
+            condition.starts_with("!(request.subResource in ['', 'status']) || "),
+            "{condition}"
+        );
+        for part in [
+            r"o.metadata.labels['app'] == 'bo\'oks'",
+            "o.metadata.labels['tier'] in ['a', 'b']",
+            "!((has(o.metadata.labels) && 'team' in o.metadata.labels) && o.metadata.labels['team'] in ['x'])",
+            "!(has(o.metadata.labels) && 'tmp' in o.metadata.labels)",
+            "[object, oldObject].exists(o, o != null && ",
+        ] {
+            assert!(condition.contains(part), "{part} not in {condition}");
+        }
+        let policy = desired_kinds_policy("ns", "l", &fence()).unwrap();
+        let spec = policy.spec.unwrap();
+        assert_eq!(spec.match_conditions.unwrap()[0].name, "selected");
+        assert_eq!(
+            spec.match_constraints.unwrap().object_selector,
+            None,
+            "a scale carries no labels: an objectSelector would never match it"
+        );
+        let all: FenceSpec =
+            serde_json::from_value(serde_json::json!({"resources": [{"resource": "configmaps"}]}))
+                .unwrap();
+        let policy = desired_kinds_policy("ns", "l", &all).unwrap();
+        assert_eq!(policy.spec.unwrap().match_conditions, None);
     }
 
     #[test]

@@ -65,18 +65,19 @@ pub fn lease_status(
     next.waiting = i32::try_from(plan.queue.len()).unwrap_or(i32::MAX);
     next.observed_generation = generation;
 
-    let held = match (&next.holder, plan.tokens_exhausted) {
-        (Some(h), _) => (
+    let held = match (&next.holder, plan.tokens_exhausted, &plan.unfenced) {
+        (Some(h), _, _) => (
             "True",
             "Held",
             format!("held by {} with token {}", h.identity, next.fencing_token),
         ),
-        (None, true) => (
+        (None, _, Some(cause)) => ("False", "FenceNotInForce", cause.clone()),
+        (None, true, None) => (
             "False",
             "TokensExhausted",
             "no token is left to issue; see spec.minToken".to_string(),
         ),
-        (None, false) => ("False", "Free", "no claim is waiting".to_string()),
+        (None, false, None) => ("False", "Free", "no claim is waiting".to_string()),
     };
     set_condition(
         &mut next.conditions,
@@ -380,6 +381,7 @@ mod tests {
             queue: vec![],
             expire: vec![],
             tokens_exhausted: false,
+            unfenced: None,
             wake_at: None,
             positions: Default::default(),
         }

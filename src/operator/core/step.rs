@@ -113,6 +113,7 @@ mod tests {
             queue: vec![],
             expire: expire.iter().map(|s| s.to_string()).collect(),
             tokens_exhausted: false,
+            unfenced: None,
             wake_at: None,
             positions: Default::default(),
         }

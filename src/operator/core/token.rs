@@ -8,6 +8,8 @@
 //! starts above every token it ever issued, because those were at most the wall-clock time
 //! of their grant, unless the clock has since been stepped back past them.
 
+use crate::api::MAX_TOKEN;
+
 /// What the next token must exceed or reach.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TokenFloor {
@@ -22,7 +24,8 @@ pub struct TokenFloor {
 }
 
 /// The token for the next grant: `max(last + 1, recorded + 1, minToken + 1, now_ms)`.
-/// `None` when the token space is exhausted, which must stop grants rather than wrap around.
+/// `None` when it would pass [`MAX_TOKEN`] (2^53 - 1, the largest every fence compares
+/// exactly): grants stop rather than issue a token a fence would refuse or round.
 pub fn next_token(floor: TokenFloor) -> Option<i64> {
     let above = floor
         .last_issued
@@ -30,7 +33,7 @@ pub fn next_token(floor: TokenFloor) -> Option<i64> {
         .max(floor.min_token)
         .max(0)
         .checked_add(1)?;
-    Some(above.max(floor.now_ms))
+    Some(above.max(floor.now_ms)).filter(|token| *token <= MAX_TOKEN)
 }
 
 #[cfg(test)]
@@ -88,6 +91,28 @@ mod tests {
         ];
         let fresh = next_token(floor(0, 0, NOW + 1_000)).unwrap();
         assert!(old.iter().all(|t| fresh > *t), "{fresh} vs {old:?}");
+    }
+
+    #[test]
+    fn stays_within_what_every_fence_compares_exactly() {
+        assert_eq!(next_token(floor(MAX_TOKEN - 1, 0, NOW)), Some(MAX_TOKEN));
+        assert_eq!(next_token(floor(MAX_TOKEN, 0, NOW)), None);
+        assert_eq!(next_token(floor(0, MAX_TOKEN, NOW)), None);
+        assert_eq!(
+            next_token(floor(0, 0, MAX_TOKEN + 1)),
+            None,
+            "a clock past 2^53 ms"
+        );
+        // The largest floor a lease accepts still leaves 2^52 - 1 grants.
+        let highest = crate::api::MAX_MIN_TOKEN;
+        assert_eq!(next_token(floor(0, highest, NOW)), Some(highest + 1));
+        assert_eq!(MAX_TOKEN - highest, (1 << 52) - 1);
+        // Tokens above the bound never come back below it from a lower floor either.
+        let recorded = TokenFloor {
+            recorded: MAX_TOKEN,
+            ..floor(0, 0, NOW)
+        };
+        assert_eq!(next_token(recorded), None);
     }
 
     #[test]

@@ -212,6 +212,7 @@ mod tests {
             queue: vec![],
             expire: vec![],
             tokens_exhausted: false,
+            unfenced: None,
             wake_at: None,
             positions: Default::default(),
         }

@@ -97,6 +97,7 @@ mod tests {
             queue,
             expire: vec![],
             tokens_exhausted: false,
+            unfenced: None,
             wake_at: None,
             positions,
         }

@@ -143,6 +143,22 @@ async fn put<K: FenceObject>(
     Ok(())
 }
 
+/// Does the cache show any admission object of lease `ns/name`?
+pub fn any_cached(ctx: &Context, ns: &str, name: &str) -> bool {
+    let kinds = kinds_binding_name(ns, name);
+    ctx.fence_bindings.cached(&binding_name(ns, name)).is_some()
+        || ctx.fence_bindings.cached(&kinds).is_some()
+        || ctx.fence_policies.cached(&kinds).is_some()
+}
+
+/// Deletes every admission object of lease `ns/name` (bindings before the policy they use).
+pub async fn remove_all(ctx: &Context, ns: &str, name: &str) -> Result<()> {
+    for object in [binding_name(ns, name), kinds_binding_name(ns, name)] {
+        remove::<ValidatingAdmissionPolicyBinding>(ctx, ns, name, &object).await?;
+    }
+    remove::<ValidatingAdmissionPolicy>(ctx, ns, name, &kinds_binding_name(ns, name)).await
+}
+
 async fn remove<K: FenceObject>(ctx: &Context, ns: &str, name: &str, object: &str) -> Result<()> {
     let api: Api<K> = Api::all(ctx.kube.client.clone());
     let kind = K::kind(&());

@@ -38,7 +38,8 @@ pub async fn finalize(
     // write, if any): the one read would always meet a 409, and a retry after backoff.
     let mut latest: Option<FencedLease> = None;
     let revoked = async {
-        if let Outcome::Written(outcome) = write_lease_status(ctx, api, lease.clone()).await? {
+        if let Outcome::Written(outcome) = write_lease_status(ctx, api, lease.clone(), None).await?
+        {
             let (before, written, plan, claims) = *outcome;
             report(ctx, &written, &before, &plan);
             let status = written.status.clone().unwrap_or_default();

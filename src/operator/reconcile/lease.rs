@@ -125,16 +125,23 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // The bindings that fence the lease's objects come before any grant: a binding reaches
     // admission through the apiserver's informers, so after creating or restoring one (or its
     // policy) the lease is decided again only once it is in force, even if the sync then
-    // failed. A failure to write one holds up no grant or expiry otherwise; it is returned
-    // once they are done.
-    let fenced = fence_bindings::sync(ctx, &lease).await;
+    // failed. A lease whose fence could not be put in place grants no one (I12: fail closed,
+    // condition Held=False FenceNotInForce); its holder keeps its term and expiries and
+    // releases go on. The error is returned once they are done (Event, metric, retry).
+    let fenced = fence_bindings::sync(ctx, &lease)
+        .await
+        .map_err(|e| Error::Fence(Box::new(e)));
     if let Some(in_force) = fence_bindings::settling(ctx, &lease) {
         return Ok(Action::requeue(
             in_force.saturating_duration_since(Instant::now()),
         ));
     }
+    let unfenced = fenced
+        .as_ref()
+        .err()
+        .map(|e| truncate(&e.to_string(), 1024).to_string());
 
-    let written = match write_lease_status(ctx, &api, (*lease).clone()).await {
+    let written = match write_lease_status(ctx, &api, (*lease).clone(), unfenced.as_deref()).await {
         Err(error @ Error::TokenRecord { .. }) => {
             degrade(ctx, &api, &lease, &error).await;
             return Err(error);

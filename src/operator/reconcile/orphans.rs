@@ -1,8 +1,9 @@
-//! Token annotations of leases that are gone. A lease deleted while its finalizer could not
-//! run (stripped by hand, the operator down) leaves its token on the holder's pod; so does a
-//! pod the operator meets for the first time carrying the token of a lease that no longer
-//! exists. Such an annotation is removed once the API confirms the lease is gone (I5: only a
-//! pod that holds the lease carries its token).
+//! What leases that are gone left behind. A lease deleted while its finalizer could not run
+//! (stripped by hand, the operator down) leaves its token on the holder's pod, and its
+//! admission objects; so does a pod the operator meets for the first time carrying the token
+//! of a lease that no longer exists. Each is removed once the API confirms the lease is gone:
+//! an annotation because only a pod that holds the lease carries its token (I5), admission
+//! objects because nothing a lease left may refuse a write once it is gone (I12).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,17 +14,27 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::fence_bindings;
 use super::lookup::lease_exists;
 use super::pods::set_annotation;
 use crate::api::token_annotation_key;
 use crate::operator::context::Context;
 
-/// A pod that carries the token annotation of a lease the cache does not know.
+/// Something left behind by lease `namespace/lease`, which the cache does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Orphan {
     pub namespace: String,
-    pub pod: String,
     pub lease: String,
+    pub left: Left,
+}
+
+/// What a lease that is gone may have left behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Left {
+    /// Its token annotation on this pod.
+    Annotation { pod: String },
+    /// Its admission objects (bindings and policy), which would otherwise wait for the sweep.
+    FenceObjects,
 }
 
 /// Removes orphaned annotations until `stop`.
@@ -44,7 +55,7 @@ pub async fn sweep(
             }
         }
         if let Err(error) = remove_if_gone(&ctx, &orphan).await {
-            warn!(pod = %orphan.pod, namespace = %orphan.namespace, lease = %orphan.lease, %error, "cannot remove the token annotation of a deleted lease");
+            warn!(left = ?orphan.left, namespace = %orphan.namespace, lease = %orphan.lease, %error, "cannot remove what a deleted lease left behind");
         }
     }
 }
@@ -52,12 +63,19 @@ pub async fn sweep(
 async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::error::Result<()> {
     let Orphan {
         namespace: ns,
-        pod,
         lease,
+        left,
     } = orphan;
-    if lease_exists(ctx, ns, lease).await? {
-        return Ok(()); // the lease reconciler owns this annotation
+    if *left == Left::FenceObjects && !fence_bindings::any_cached(ctx, ns, lease) {
+        return Ok(()); // most leases fence nothing: no call
     }
+    if lease_exists(ctx, ns, lease).await? {
+        return Ok(()); // the lease reconciler owns these
+    }
+    let pod = match left {
+        Left::Annotation { pod } => pod,
+        Left::FenceObjects => return fence_bindings::remove_all(ctx, ns, lease).await,
+    };
     let key = token_annotation_key(lease);
     let Some(cached) = ctx.pods.get(ns, pod) else {
         return Ok(());

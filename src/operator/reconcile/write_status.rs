@@ -51,10 +51,12 @@ struct Reads {
 
 /// Decides and writes the lease status, reading from the API first what the decision rests
 /// on that the caches alone may not decide (see [`crate::operator::core::step`]).
+/// `unfenced`: why the lease's fence is not in force, if it is not (no one is granted then).
 pub async fn write_lease_status(
     ctx: &Context,
     api: &Api<FencedLease>,
     mut lease: FencedLease,
+    unfenced: Option<&str>,
 ) -> Result<Outcome> {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     let mut reads = Reads::default();
@@ -67,7 +69,7 @@ pub async fn write_lease_status(
         if std::mem::take(&mut lease_moved) {
             gathered = Gathered::new(ctx, &lease);
         }
-        let mut d = decide_round(ctx, &lease, &gathered, &reads);
+        let mut d = decide_round(ctx, &lease, &gathered, &reads, unfenced);
         let round = Round {
             current: &d.current,
             newest_grant: newest_grant(&d.claims),
@@ -235,6 +237,7 @@ fn decide_round<'g>(
     lease: &FencedLease,
     gathered: &'g Gathered,
     reads: &Reads,
+    unfenced: Option<&str>,
 ) -> Decided<'g> {
     let current = lease.status.clone().unwrap_or_default();
     let holder = holder_of(Some(&current));
@@ -247,6 +250,7 @@ fn decide_round<'g>(
         high_water_mark: reads.known.record.unwrap_or(0),
         min_token: lease.spec.min_token,
         deleting: lease.metadata.deletion_timestamp.is_some(),
+        unfenced: unfenced.map(String::from),
         term: lease.term(),
         duration: lease.spec.lease_duration(),
     };

@@ -15,7 +15,7 @@ use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::metrics::Metrics;
 use crate::operator::names::lease_key;
-use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::reconcile::orphans::{Left, Orphan};
 use crate::operator::runtime::watch;
 
 /// The lease watch of `namespaces` (all when empty), feeding `memory` through `writer`.
@@ -66,18 +66,22 @@ where
         })
 }
 
-/// Forgets a deleted lease's metrics, timer and queue positions, and sends the token
-/// annotations it left on pods to be removed.
+/// Forgets a deleted lease's metrics, timer and queue positions, and sends what it left behind
+/// (token annotations on pods, admission objects) to be removed.
 fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     metrics.forget_lease(&ns, &name);
     memory.wakeups.forget(&ns, &name);
     memory.positions.forget(&ns, &name);
-    for pod in memory.pods_by_lease.get(&ns, &name) {
+    let pods = memory.pods_by_lease.get(&ns, &name).into_iter();
+    let left = pods
+        .map(|pod| Left::Annotation { pod })
+        .chain([Left::FenceObjects]);
+    for left in left {
         let _ = triggers.orphans.send(Orphan {
             namespace: ns.clone(),
-            pod,
             lease: name.clone(),
+            left,
         });
     }
 }

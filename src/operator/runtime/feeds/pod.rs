@@ -12,7 +12,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, reconcile, touched};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
-use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::reconcile::orphans::{Left, Orphan};
 use crate::operator::runtime::merge;
 use crate::operator::state::CachedPod;
 use crate::operator::state::cache::{Writer, map_event};
@@ -54,8 +54,10 @@ pub fn feed(
                 if memory.leases.get(&lease).is_none() && pod.token(&lease.name).is_some() {
                     let _ = triggers.orphans.send(Orphan {
                         namespace: lease.namespace.clone().unwrap_or_default(),
-                        pod: pod.name.clone(),
                         lease: lease.name.clone(),
+                        left: Left::Annotation {
+                            pod: pod.name.clone(),
+                        },
                     });
                 }
                 if !is_listed(event) {
