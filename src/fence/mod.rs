@@ -45,8 +45,9 @@ pub enum Error {
     /// fences the object (the identity rule, I11): the writer is stale and must stop.
     #[error("fenced out: {0}")]
     NotHolder(String),
-    /// Tokens are never negative; a negative one is a bug in the caller.
-    #[error("invalid fencing token {0}: tokens are non-negative integers")]
+    /// Tokens are never negative nor above [`MAX_TOKEN`](crate::api::MAX_TOKEN) (2^53 - 1,
+    /// the largest every guard compares exactly); another is a bug in the caller.
+    #[error("invalid fencing token {0}: tokens are integers from 0 to 9007199254740991 (2^53 - 1)")]
     InvalidToken(i64),
     /// The row or object the write is guarded by does not exist.
     #[error("{0} does not exist")]
@@ -75,9 +76,10 @@ impl Error {
     }
 }
 
-/// Refuses negative tokens before any I/O.
+/// Refuses tokens no lease issues (negative, or above 2^53 - 1, which Redis would compare
+/// inexactly) before any I/O.
 pub(crate) fn check_token(token: i64) -> Result<i64, Error> {
-    if token < 0 {
+    if !(0..=crate::api::MAX_TOKEN).contains(&token) {
         return Err(Error::InvalidToken(token));
     }
     Ok(token)
@@ -86,6 +88,17 @@ pub(crate) fn check_token(token: i64) -> Result<i64, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_outside_what_every_guard_compares_exactly_are_refused() {
+        assert!(check_token(0).is_ok());
+        assert!(check_token(crate::api::MAX_TOKEN).is_ok());
+        assert!(matches!(
+            check_token(crate::api::MAX_TOKEN + 1),
+            Err(Error::InvalidToken(_))
+        ));
+        assert!(matches!(check_token(-1), Err(Error::InvalidToken(-1))));
+    }
 
     #[test]
     fn same_holder_can_write_again() {
