@@ -916,7 +916,8 @@ async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses
         )
     });
     // The operator's own policy and binding of the lease go with its delete event.
-    let name = fenced_lease::operator::core::fence::kinds_binding_name(&ns.name, "books");
+    // Named as the operator names them (kinds_binding_name), spelled out: what a user sees.
+    let name = format!("fenced-lease-kinds.{}.books", ns.name);
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(ns.client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(ns.client.clone());
     let left = deleted + Duration::from_secs(10);
