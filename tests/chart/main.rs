@@ -163,29 +163,38 @@ fn the_chart_renders_the_crds_rbac_and_policies_of_the_repository() {
         }
     }
 
-    // The image `make image` builds, tagged with the crate's version.
+    // One image reference: the chart's default, what `make image` builds and what the README
+    // names, tagged with the crate's version.
+    const IMAGE: &str = "ghcr.io/fenced-lease/fenced-lease-operator";
+    let version = env!("CARGO_PKG_VERSION");
     let chart: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
             .unwrap();
-    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["appVersion"], version);
+    assert_eq!(chart["version"], version);
     assert_eq!(
         find(&objects, "Deployment", "fenced-lease-operator")["spec"]["template"]["spec"]["containers"]
             [0]["image"],
-        format!("fenced-lease-operator:{}", env!("CARGO_PKG_VERSION"))
+        format!("{IMAGE}:{version}")
     );
-    // The README's two install commands name what the chart installs by default.
+    // The README's install commands name this version and what the chart installs by default.
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     for command in [
-        "$ helm install fenced-lease charts/fenced-lease -n fenced-lease --create-namespace\n",
-        "$ kubectl -n my-app create rolebinding my-app-fence-holder --clusterrole=fenced-lease-holder ",
+        format!(
+            "$ helm install fenced-lease oci://ghcr.io/fenced-lease/charts/fenced-lease --version {version} -n fenced-lease --create-namespace\n"
+        ),
+        "$ kubectl -n my-app create rolebinding my-app-fence-holder --clusterrole=fenced-lease-holder ".into(),
+        format!("$ go get github.com/fenced-lease/fenced-lease/go@v{version}\n"),
+        format!("`{IMAGE}:{version}`"),
+        "$ helm install fenced-lease charts/fenced-lease -n fenced-lease --create-namespace".into(),
     ] {
-        assert!(readme.contains(command), "README.md lacks {command:?}");
+        assert!(readme.contains(&command), "README.md lacks {command:?}");
     }
     find(&objects, "ClusterRole", "fenced-lease-holder");
 
     let image_script = std::fs::read_to_string(repo_root().join("hack/image")).unwrap();
     assert!(
-        image_script.contains("IMAGE_NAME:-fenced-lease-operator}"),
+        image_script.contains(&format!("IMAGE_NAME:-{IMAGE}}}")),
         "hack/image builds the image the chart points at"
     );
 }
