@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme monitoring-test image krew bench
+.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme monitoring-test image krew release bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -84,6 +84,10 @@ image: ## the operator's image, FROM scratch, built without a daemon (a release 
 
 krew: ## the kubectl plugin's krew archive and manifest in target/krew/ (a release build; not part of test)
 	@hack/krew
+
+release: ## VERSION=x.y.z: everything a release publishes, built into dist/ with SHA256SUMS, then checked (hack/release; not part of test)
+	@[ -n "$(VERSION)" ] || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
+	@hack/release build $(VERSION)
 
 up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 	@hack/control-plane up
