@@ -7,7 +7,8 @@ CARGO ?= cargo
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
+demo: ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL (builds only the control plane and the crate)
+	@hack/deps
 	@hack/demo
 
 # The Rust test binaries (Cargo.toml lists each), and those that need no more than the control
