@@ -4,7 +4,8 @@
 //! the holder ClusterRole is all `kubectl fence` needs; it serves listed namespaces through
 //! RoleBindings; its alerts, ServiceMonitor and dashboard install under prometheus-operator's
 //! CRDs; upgrade and uninstall keep the CRDs and the leases; a wrong value fails the install
-//! naming it; the pod meets the restricted Pod Security profile.
+//! naming it; the pod meets the restricted Pod Security profile; the packaged chart installs,
+//! and the command of its `helm test` holds a lease with the test's own rights.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -955,4 +956,120 @@ async fn the_operator_pod_meets_the_restricted_pod_security_profile() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The chart as `helm package` makes it (what a release publishes), installed; the operator runs
+/// as its Deployment says; then what `helm test` does, without a kubelet: its hooks but the pod
+/// created, and the pod's command run here, with this build's kubectl-fence and a token of the
+/// test's ServiceAccount. It must be granted the lease with no more than the test's rights.
+#[tokio::test]
+async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
+    let _serial = OPERATORS.lock().await;
+    audit::log_path();
+    let ns = TestNamespace::new("chart-pkg").await;
+    let version = env!("CARGO_PKG_VERSION");
+    let dist = std::env::temp_dir().join(format!(
+        "fenced-lease-package-{:08x}",
+        rand::random::<u32>()
+    ));
+    run_ok(
+        helm::helm_offline()
+            .args(["package"])
+            .arg(chart_dir())
+            .args(["--version", version, "--app-version", version, "-d"])
+            .arg(&dist),
+    );
+    let package = dist.join(format!("fenced-lease-{version}.tgz"));
+    let listing = run_ok(Command::new("tar").arg("-tzf").arg(&package));
+    let listing = String::from_utf8_lossy(&listing.stdout).to_string();
+    assert!(
+        listing.contains("fenced-lease/templates/tests/grant.yaml\n")
+            && !listing.contains("fenced-lease/tests/"),
+        "the package holds helm test's template and not the helm-unittest suites:\n{listing}"
+    );
+
+    let release = Release::named(&ns.name);
+    let watch = format!("watchNamespaces[0]={}", ns.name);
+    let out = release.try_install_chart(
+        &package,
+        &[],
+        &[
+            "crds.enabled=false",
+            "admissionPolicies.enabled=false",
+            "replicaCount=1",
+            &watch,
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dist);
+    assert!(
+        out.status.success(),
+        "helm install {}: {}",
+        package.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest = release.manifest();
+    let deployment = find(&manifest, "Deployment", &release.object("operator"));
+    let sa = release.object("operator");
+    wait_bindings_in_force(
+        &audit::service_account_user(&ns.name, &sa),
+        &[("watch", "fencedleases.fencing.dev", Some(&ns.name))],
+    );
+    let op = ChartOperator::start(
+        deployment,
+        &ns.name,
+        "operator-0",
+        &ns.service_account_kubeconfig(&sa),
+    );
+    op.wait_probes_pass(deployment).await;
+
+    let hooks = release.hooks();
+    let (pods, objects): (Vec<&Value>, Vec<&Value>) =
+        hooks.iter().partition(|h| h["kind"] == "Pod");
+    assert_eq!(pods.len(), 1, "one test pod");
+    for object in &objects {
+        assert_eq!(object["metadata"]["annotations"]["helm.sh/hook"], "test");
+        let out = ns.kubectl_apply(&object.to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pod = &pods[0]["spec"];
+    let test_sa = pod["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    wait_bindings_in_force(
+        &audit::service_account_user(&ns.name, test_sa),
+        &[("create", "fencedleaseclaims.fencing.dev", Some(&ns.name))],
+    );
+    let command: Vec<String> = pod["containers"][0]["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| match a.as_str().expect("string") {
+            "/kubectl-fence" => env!("CARGO_BIN_EXE_kubectl-fence").to_string(),
+            a => a.to_string(),
+        })
+        .collect();
+    let out = Command::new(&command[0])
+        .args(&command[1..])
+        .env("KUBECONFIG", ns.service_account_kubeconfig(test_sa))
+        .env_remove("POD_NAME")
+        .env_remove("POD_UID")
+        .output()
+        .expect("run helm test's command");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helm test's command {command:?} failed: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lease = format!("{}-test", release.fullname);
+    assert!(
+        stdout.contains(&format!("{}/{lease}", ns.name)) && stdout.contains("Token:"),
+        "kubectl fence status shows the test's lease granted:\n{stdout}"
+    );
+    ns.delete_lease(&lease).await;
+    drop(op);
 }
