@@ -174,6 +174,16 @@ fn the_chart_renders_the_crds_rbac_and_policies_of_the_repository() {
     assert_eq!(chart["appVersion"], version);
     assert_eq!(chart["version"], version);
     assert_eq!(
+        chart["home"],
+        "https://github.com/fenced-lease/fenced-lease"
+    );
+    assert!(
+        chart["sources"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!("https://github.com/fenced-lease/fenced-lease"))),
+        "Chart.yaml names its sources"
+    );
+    assert_eq!(
         find(&objects, "Deployment", "fenced-lease-operator")["spec"]["template"]["spec"]["containers"]
             [0]["image"],
         format!("{IMAGE}:{version}")
