@@ -969,9 +969,10 @@ async fn the_operator_pod_meets_the_restricted_pod_security_profile() {
 }
 
 /// The chart as `helm package` makes it (what a release publishes), installed; the operator runs
-/// as its Deployment says; then what `helm test` does, without a kubelet: its hooks but the pod
-/// created, and the pod's command run here, with this build's kubectl-fence and a token of the
-/// test's ServiceAccount. It must be granted the lease with no more than the test's rights.
+/// as its Deployment says; then what `helm test` does, without a kubelet: its hooks created (the
+/// pod stays Pending), and the pod's command run here as the pod would run it: this build's
+/// kubectl-fence, the pod's downward-API variables, a token of the test's ServiceAccount bound
+/// to that pod. It must be granted the lease with no more than the test's rights.
 #[tokio::test]
 async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
     let _serial = OPERATORS.lock().await;
@@ -1036,7 +1037,7 @@ async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
     let (pods, objects): (Vec<&Value>, Vec<&Value>) =
         hooks.iter().partition(|h| h["kind"] == "Pod");
     assert_eq!(pods.len(), 1, "one test pod");
-    for object in &objects {
+    for object in objects.iter().chain(&pods) {
         assert_eq!(object["metadata"]["annotations"]["helm.sh/hook"], "test");
         let out = ns.kubectl_apply(&object.to_string());
         assert!(
@@ -1045,6 +1046,9 @@ async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    let pod_name = pods[0]["metadata"]["name"].as_str().expect("pod name");
+    let created = ns.api::<Pod>().get(pod_name).await.expect("the test pod");
+    let uid = created.metadata.uid.expect("uid");
     let pod = &pods[0]["spec"];
     let test_sa = pod["serviceAccountName"]
         .as_str()
@@ -1062,13 +1066,28 @@ async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
             a => a.to_string(),
         })
         .collect();
-    let out = Command::new(&command[0])
-        .args(&command[1..])
-        .env("KUBECONFIG", ns.service_account_kubeconfig(test_sa))
-        .env_remove("POD_NAME")
-        .env_remove("POD_UID")
-        .output()
-        .expect("run helm test's command");
+    let token = run_ok(ns.kubectl().args([
+        "create",
+        "token",
+        test_sa,
+        "--bound-object-kind=Pod",
+        &format!("--bound-object-name={pod_name}"),
+        &format!("--bound-object-uid={uid}"),
+    ]));
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("KUBECONFIG", ns.kubeconfig_with_token(&token, test_sa));
+    for var in pod["containers"][0]["env"].as_array().expect("env") {
+        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.name") => pod_name.to_string(),
+            Some("metadata.uid") => uid.clone(),
+            Some("metadata.namespace") => ns.name.clone(),
+            other => panic!("the test does not know how to fill in {other:?}"),
+        };
+        cmd.env(var["name"].as_str().expect("name"), value);
+    }
+    let out = cmd.output().expect("run helm test's command");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1077,8 +1096,10 @@ async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
     );
     let lease = format!("{}-test", release.fullname);
     assert!(
-        stdout.contains(&format!("{}/{lease}", ns.name)) && stdout.contains("Token:"),
-        "kubectl fence status shows the test's lease granted:\n{stdout}"
+        stdout.contains(&format!("{}/{lease}", ns.name))
+            && stdout.contains("Token:")
+            && stdout.contains(&format!("Holder:    {pod_name}")),
+        "kubectl fence status shows the test's lease granted to its pod:\n{stdout}"
     );
     ns.delete_lease(&lease).await;
     drop(op);
