@@ -166,7 +166,9 @@ pub struct Collateral {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FenceEdits {
     pub invalid: usize,
+    /// Refused by the apiserver (a 4xx answer), and not answered at all.
     pub invalid_refused: usize,
+    pub invalid_unanswered: usize,
     pub valid: usize,
     pub valid_accepted: usize,
     /// Valid edits accepted, which the operator put in place within the nemesis's wait, and
@@ -364,8 +366,14 @@ impl fmt::Display for Report {
         let e = &self.fence_edits;
         writeln!(
             f,
-            "fence edits: {} invalid, {} of them refused at admission; {} valid, {} accepted, put in place by the operator {} (not within the nemesis's wait: {})",
-            e.invalid, e.invalid_refused, e.valid, e.valid_accepted, e.in_force, e.not_in_force,
+            "fence edits: {} invalid, {} of them refused at admission ({} not answered); {} valid, {} accepted, put in place by the operator {} (not within the nemesis's wait: {})",
+            e.invalid,
+            e.invalid_refused,
+            e.invalid_unanswered,
+            e.valid,
+            e.valid_accepted,
+            e.in_force,
+            e.not_in_force,
         )
     }
 }
@@ -1185,7 +1193,11 @@ fn fence_edits(entries: &[&Entry], r: &mut Report) {
         if *invalid {
             counts.invalid += 1;
             if !accepted {
-                counts.invalid_refused += 1;
+                if answer.starts_with('4') {
+                    counts.invalid_refused += 1;
+                } else {
+                    counts.invalid_unanswered += 1;
+                }
                 continue;
             }
             r.violations.push(Violation {
