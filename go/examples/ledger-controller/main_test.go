@@ -46,7 +46,7 @@ func startReplica(t *testing.T, bin, ns, name string) *replica {
 		close(r.lines)
 	}()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
+		testenv.ResumeQuietly(cmd.Process)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
@@ -79,12 +79,6 @@ func (r *replica) next(t *testing.T, prefix string, limit time.Duration) string 
 	}
 }
 
-func (r *replica) signal(t *testing.T, s syscall.Signal) {
-	if err := r.cmd.Process.Signal(s); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func build(t *testing.T) string {
 	bin := filepath.Join(t.TempDir(), "ledger-controller")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
@@ -113,7 +107,7 @@ func TestAPausedReplicasWritesAreRefusedAndTheOthersAccepted(t *testing.T) {
 	}
 	b := startReplica(t, bin, ns, "replica-b")
 	a.next(t, "WORKING", 10*time.Second)
-	a.signal(t, syscall.SIGSTOP) // mid-reconcile: it has read the ledger and is working
+	testenv.Pause(t, a.cmd.Process) // mid-reconcile: it has read the ledger and is working
 	paused := time.Now()
 	newer, _ := strconv.ParseInt(b.next(t, "LEADING", 30*time.Second), 10, 64)
 	t.Logf("MEASURED paused leader replaced after %v (lease 3s)", time.Since(paused))
@@ -123,7 +117,7 @@ func TestAPausedReplicasWritesAreRefusedAndTheOthersAccepted(t *testing.T) {
 	if got := b.next(t, "WRITE ", 20*time.Second); got != fmt.Sprintf("accepted %d", newer) {
 		t.Fatalf("b's first write: %s", got)
 	}
-	a.signal(t, syscall.SIGCONT)
+	testenv.Resume(t, a.cmd.Process)
 	got := a.next(t, "WRITE ", 10*time.Second)
 	if !strings.HasPrefix(got, "refused") {
 		t.Fatalf("the resumed replica's write: %s", got)
