@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 const leaseName = "ctl"
@@ -137,6 +139,12 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 
 	a := startCandidate(t, cfg, admin, ns, "a")
 	first := a.leads(t, 60*time.Second)
+	if _, err := a.lock.ManagerOptions(manager.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if leader, token := gauges(t, ns, "a"); leader != 1 || token != float64(first) {
+		t.Fatalf("a's gauges while it leads: leader %v, token %v (term %d)", leader, token, first)
+	}
 	b := startCandidate(t, cfg, admin, ns, "b")
 	testenv.Eventually(t, "b's claim queued", 10*time.Second, func() error {
 		_, err := claimOf(admin, ns, "b")
@@ -161,6 +169,9 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 	t.Logf("MEASURED a's elector stopped %v after its claim was deleted (window %v)", time.Since(revoked), a.lock.Timing().RenewDeadline+2*a.lock.Timing().RetryPeriod)
 	if _, err := a.lock.Token(); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("a's token after the loss: %v", err)
+	}
+	if leader, token := gauges(t, ns, "a"); leader != 0 || token != 0 {
+		t.Fatalf("a's gauges after the loss: leader %v, token %v", leader, token)
 	}
 	stale := fence.NewClient(admin, leaseName, fixed(first))
 	if err := stale.Update(ctx, ledger(t, admin, ns)); !errors.Is(err, fence.ErrFenced) {
@@ -210,6 +221,73 @@ func ledger(t *testing.T, c client.Client, ns string) *corev1.ConfigMap {
 	return got
 }
 
+// gauges are the lock's fencedlease_leader and fencedlease_token for identity, as
+// controller-runtime's registry serves them.
+func gauges(t *testing.T, ns, identity string) (leader, token float64) {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["lease"] != ns+"/"+leaseName || labels["identity"] != identity {
+				continue
+			}
+			switch f.GetName() {
+			case "fencedlease_leader":
+				leader, found = m.GetGauge().GetValue(), found+1
+			case "fencedlease_token":
+				token, found = m.GetGauge().GetValue(), found+1
+			}
+		}
+	}
+	if found != 2 {
+		t.Fatalf("%d of the lock's gauges in controller-runtime's registry", found)
+	}
+	return leader, token
+}
+
+// ManagerOptions refuses a manager timing other than the lock's, and sets the lock's.
+func TestManagerOptionsRefuseAnotherTiming(t *testing.T) {
+	cfg := testenv.Config(t)
+	admin := testenv.Client(t, cfg)
+	ns := testenv.Namespace(t, admin, "go-lock-options")
+	testenv.CreateLease(t, admin, ns, leaseName, 15)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := lock.New(ctx, cfg, lock.Config{Namespace: ns, Name: leaseName, Timing: lock.Timing{
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+	}}); err == nil {
+		t.Fatal("client-go's default timing accepted for a 15 s FencedLease")
+	}
+	lk, err := lock.New(ctx, cfg, lock.Config{Namespace: ns, Name: leaseName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := 10 * time.Second
+	if _, err := lk.ManagerOptions(manager.Options{RenewDeadline: &renew}); err == nil {
+		t.Fatal("a manager RenewDeadline of 10 s accepted")
+	}
+	o, err := lk.ManagerOptions(manager.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := lock.DefaultTiming(15*time.Second, 0)
+	if !o.LeaderElection || o.LeaderElectionResourceLockInterface != lk || *o.RenewDeadline != want.RenewDeadline ||
+		*o.RetryPeriod != want.RetryPeriod || *o.LeaseDuration != want.LeaseDuration || !o.LeaderElectionReleaseOnCancel {
+		t.Fatalf("options %+v", o)
+	}
+	if _, err := lock.TokensFrom(o.BaseContext()).Token(); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("the base context's token source before any term: %v", err)
+	}
+}
+
 type fixed int64
 
 func (f fixed) Token() (int64, error) { return int64(f), nil }
@@ -238,5 +316,12 @@ func TestTheElectorSeesTheLossBeforeTheNextTerm(t *testing.T) {
 	a.next(t, "stopped", 10*time.Second)
 	if second := a.leads(t, 20*time.Second); second <= first {
 		t.Fatalf("a leads again with %d after %d", second, first)
+	}
+	a.halt()
+	for _, pkg := range []string{"github.com/fenced-lease/fenced-lease/go/lock", "github.com/fenced-lease/fenced-lease/go/lease"} {
+		testenv.NoGoroutinesOf(t, pkg, 5*time.Second)
+	}
+	if _, err := claimOf(admin, ns, "a"); err == nil {
+		t.Fatal("a's claim is left after its lock's context ended")
 	}
 }

@@ -86,10 +86,10 @@ func (noTokens) Token() (int64, error) {
 }
 
 // register adds the lock's gauges to reg: fencedlease_leader (1 while the term is held) and
-// fencedlease_token (the term's token, 0 between terms), labelled with the lease. A lock of
-// the same lease registered before keeps its gauges.
+// fencedlease_token (the term's token, 0 between terms), labelled with the lease and this
+// candidate's identity. Registering a lock twice keeps the first registration.
 func (l *Lock) register(reg prometheus.Registerer) {
-	labels := prometheus.Labels{"lease": l.Describe()}
+	labels := prometheus.Labels{"lease": l.Describe(), "identity": l.cfg.Identity}
 	leader := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fencedlease_leader", Help: "1 while this replica holds the FencedLease (inside its local safe deadline), else 0.", ConstLabels: labels,
 	}, func() float64 {
@@ -105,6 +105,6 @@ func (l *Lock) register(reg prometheus.Registerer) {
 		return float64(t)
 	})
 	for _, c := range []prometheus.Collector{leader, token} {
-		_ = reg.Register(c) // AlreadyRegistered: a lock of this lease came first
+		_ = reg.Register(c) // AlreadyRegistered: this lock was registered before
 	}
 }
