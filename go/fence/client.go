@@ -18,6 +18,14 @@ type TokenSource interface {
 	Token() (int64, error)
 }
 
+// FixedToken is a TokenSource that always gives the same token: for unit tests of code that
+// writes under a lease, e.g. a reconciler with controller-runtime's fake client,
+// NewClient(fake.NewClientBuilder().Build(), "my-lease", fence.FixedToken(7)).
+type FixedToken int64
+
+// Token is t.
+func (t FixedToken) Token() (int64, error) { return int64(t), nil }
+
 // ErrUnstampable is a write the stamping client cannot stamp (a JSON patch, a collection
 // delete). Use a merge patch, or delete objects one by one.
 var ErrUnstampable = errors.New("this write cannot carry a fencing token")
