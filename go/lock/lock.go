@@ -9,14 +9,19 @@ import (
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
+	"github.com/fenced-lease/fenced-lease/go/fence"
 	"github.com/fenced-lease/fenced-lease/go/lease"
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Config of New.
@@ -219,3 +224,165 @@ func (l *Lock) Identity() string { return l.cfg.Identity }
 func (l *Lock) Describe() string { return l.cfg.Namespace + "/" + l.cfg.Name }
 
 func seconds(d time.Duration) int { return int(max(d/time.Second, 1)) }
+
+// campaignLocked starts a campaign (and the holder watch) if none runs, the last term's
+// elector window is over, and no failure asks to wait. l.mu is held.
+func (l *Lock) campaignLocked(now time.Time) {
+	if l.stopped || l.ctx.Err() != nil {
+		return
+	}
+	if !l.watching {
+		l.watching = true
+		l.wg.Add(1)
+		go l.watchHolder()
+	}
+	if l.campaigning || now.Before(l.notBefore) || (!l.ended.IsZero() && now.Before(l.ended.Add(l.cfg.Timing.window()))) {
+		return
+	}
+	l.campaigning = true
+	l.wg.Add(1)
+	go l.campaign()
+}
+
+// campaign queues a claim, waits for the grant, and keeps the term until it ends: one term.
+func (l *Lock) campaign() {
+	defer l.wg.Done()
+	term, err := lease.Acquire(logr.NewContext(l.ctx, l.log), l.client, l.cfg.Namespace, l.cfg.Name, lease.Options{
+		Identity: l.cfg.Identity, Pod: l.cfg.Pod, Wait: lease.WaitForever,
+		Margin: l.cfg.Margin, RequestTimeout: l.cfg.RequestTimeout,
+	})
+	if err != nil {
+		l.mu.Lock()
+		l.campaigning, l.lastErr = false, err
+		l.notBefore = time.Now().Add(l.cfg.Timing.RetryPeriod * 5)
+		l.mu.Unlock()
+		if l.ctx.Err() == nil {
+			l.log.Error(err, "campaign failed; the elector's next call tries again")
+		}
+		return
+	}
+	token, _ := term.Token()
+	l.mu.Lock()
+	l.term, l.granted, l.lastUpdate, l.lastErr = term, time.Now(), time.Time{}, nil
+	l.mu.Unlock()
+	l.log.Info("term granted", "token", token, "claim", term.Claim())
+
+	why := l.keep(term)
+	release, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 10*time.Second)
+	if err := term.Release(release); err != nil {
+		l.log.Info("could not delete claim; it expires instead", "error", err.Error())
+	}
+	cancel()
+	l.mu.Lock()
+	l.term, l.campaigning, l.ended = nil, false, time.Now()
+	l.mu.Unlock()
+	l.log.Info("term over", "token", token, "why", why)
+}
+
+// keep waits until the term ends, or until the elector has not renewed it for the elector
+// window (it stopped leading, or never started); says which.
+func (l *Lock) keep(term *lease.Lease) string {
+	for {
+		l.mu.Lock()
+		last := l.lastUpdate
+		if last.IsZero() {
+			last = l.granted
+		}
+		l.mu.Unlock()
+		idle := time.Until(last.Add(l.cfg.Timing.window()))
+		if idle <= 0 {
+			return "the elector stopped renewing"
+		}
+		timer := time.NewTimer(idle)
+		select {
+		case <-term.Done():
+			timer.Stop()
+			return fmt.Sprint(term.Err())
+		case <-timer.C:
+		}
+	}
+}
+
+// watchHolder keeps the holder the lease names, for Get.
+func (l *Lock) watchHolder() {
+	defer l.wg.Done()
+	l.client.WatchHolder(l.ctx, l.cfg.Namespace, l.cfg.Name, func(identity string) {
+		l.mu.Lock()
+		l.holder = identity
+		l.mu.Unlock()
+	})
+}
+
+// ManagerOptions is o set to elect with this lock: LeaderElection on, this lock as
+// LeaderElectionResourceLockInterface, the lock's Timing, release on cancel, a client
+// (mgr.GetClient()) that stamps every write with the term's token and refuses to write while
+// this replica does not lead, the lock in the base context of every runnable (TokensFrom),
+// and the lock's metrics in controller-runtime's registry. It refuses an o whose timing or
+// lock says otherwise.
+func (l *Lock) ManagerOptions(o manager.Options) (manager.Options, error) {
+	if o.LeaderElectionResourceLockInterface != nil && o.LeaderElectionResourceLockInterface != l {
+		return o, fmt.Errorf("lock: Options.LeaderElectionResourceLockInterface is another lock")
+	}
+	t := l.cfg.Timing
+	for _, f := range []struct {
+		name string
+		set  *time.Duration
+		want time.Duration
+	}{{"LeaseDuration", o.LeaseDuration, t.LeaseDuration}, {"RenewDeadline", o.RenewDeadline, t.RenewDeadline}, {"RetryPeriod", o.RetryPeriod, t.RetryPeriod}} {
+		if f.set != nil && *f.set != f.want {
+			return o, fmt.Errorf("lock: Options.%s is %v, the lock's %v: set lock.Config.Timing instead", f.name, *f.set, f.want)
+		}
+	}
+	o.LeaderElection = true
+	o.LeaderElectionResourceLockInterface = l
+	if o.LeaderElectionID == "" {
+		o.LeaderElectionID = l.cfg.Name
+	}
+	o.LeaderElectionReleaseOnCancel = true
+	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = &t.LeaseDuration, &t.RenewDeadline, &t.RetryPeriod
+	newClient := o.NewClient
+	if newClient == nil {
+		newClient = client.New
+	}
+	o.NewClient = func(config *rest.Config, options client.Options) (client.Client, error) {
+		inner, err := newClient(config, options)
+		if err != nil {
+			return nil, err
+		}
+		return fence.NewClient(inner, l.cfg.Name, l), nil
+	}
+	base := o.BaseContext
+	o.BaseContext = func() context.Context {
+		ctx := context.Background()
+		if base != nil {
+			ctx = base()
+		}
+		return WithTokens(ctx, l)
+	}
+	l.register(metrics.Registry)
+	return o, nil
+}
+
+// register adds the lock's gauges to reg: fencedlease_leader (1 while the term is held) and
+// fencedlease_token (the term's token, 0 between terms), labelled with the lease and this
+// candidate's identity. Registering a lock twice keeps the first registration.
+func (l *Lock) register(reg prometheus.Registerer) {
+	labels := prometheus.Labels{"lease": l.Describe(), "identity": l.cfg.Identity}
+	leader := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fencedlease_leader", Help: "1 while this replica holds the FencedLease (inside its local safe deadline), else 0.", ConstLabels: labels,
+	}, func() float64 {
+		if _, err := l.Token(); err != nil {
+			return 0
+		}
+		return 1
+	})
+	token := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fencedlease_token", Help: "The fencing token of this replica's current term, 0 between terms.", ConstLabels: labels,
+	}, func() float64 {
+		t, _ := l.Token()
+		return float64(t)
+	})
+	for _, c := range []prometheus.Collector{leader, token} {
+		_ = reg.Register(c) // AlreadyRegistered: this lock was registered before
+	}
+}
