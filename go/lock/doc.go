@@ -18,22 +18,22 @@
 // the last accepted renew + the term's duration − the margin, on a clock that counts
 // suspend) and the term's duration fixed at grant (I10). The elector's calls never reach the
 // apiserver: Get describes the lease as the lock sees it, and Update naming this candidate
-// succeeds only while the term is held with at least RenewDeadline + RetryPeriod left before
-// the local safe deadline.
+// succeeds only while the term is held with more than RenewDeadline + 2 × RetryPeriod left
+// before the local safe deadline.
 //
 // # client-go's durations and the FencedLease's
 //
 // client-go's elector believes it leads from a successful Update until a round of renew
 // attempts (one every RetryPeriod) has failed for RenewDeadline: at most RetryPeriod +
-// RenewDeadline after its last successful Update. Because Update needs that much time left,
-// the elector stops believing before the local safe deadline passes. A term renewed on
-// schedule (every third of its duration d) has d − d/3 − margin left just before a renew, so
-// RenewDeadline + RetryPeriod must be below that (Timing.Check; New and ManagerOptions
-// refuse settings that are not); DefaultTiming uses a third of that room for
-// RenewDeadline + RetryPeriod, leaving the rest for late renews. LeaseDuration, which the
-// elector uses only to decide when another candidate's unchanging record has expired and
-// to pace its fast path, is the FencedLease's duration: the operator, not the elector,
-// expires holders.
+// RenewDeadline after its last successful Update. Because Update needs that much time left
+// before the local safe deadline, and one RetryPeriod more for the elector's own scheduling,
+// the elector stops believing before the deadline passes. A term renewed on schedule (every
+// third of its duration d) has d − d/3 − margin left just before a renew, so RenewDeadline +
+// 2 × RetryPeriod must be below that (Timing.Check; New and ManagerOptions refuse settings
+// that are not). DefaultTiming gives RenewDeadline + RetryPeriod half of that room, leaving the
+// rest for renews that come late. LeaseDuration, which the elector uses only to decide when
+// another candidate's unchanging record has expired and to pace its fast path, is the
+// FencedLease's duration: the operator, not the elector, expires holders.
 //
 // After a term ends (lost, revoked, released), the lock refuses every Update for
 // RenewDeadline + 2×RetryPeriod, so that the elector that led sees the loss and stops

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -285,6 +286,68 @@ func TestManagerOptionsRefuseAnotherTiming(t *testing.T) {
 	}
 	if _, err := lock.TokensFrom(o.BaseContext()).Token(); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("the base context's token source before any term: %v", err)
+	}
+}
+
+// spy is a Lock that reports, when the elector steps down (releases), how long its term
+// still had before the local safe deadline.
+type spy struct {
+	*lock.Lock
+	steppedDown chan time.Duration
+}
+
+func (s spy) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	if ler.HolderIdentity == "" {
+		s.steppedDown <- s.TimeLeft()
+	}
+	return s.Lock.Update(ctx, ler)
+}
+
+// I6 through client-go's elector: a leader cut off from the apiserver stops believing it
+// leads (its elector steps down) while its term is still inside the local safe deadline,
+// not after it.
+func TestACutOffLeaderStepsDownBeforeItsDeadline(t *testing.T) {
+	cfg := testenv.Config(t)
+	admin := testenv.Client(t, cfg)
+	ns := testenv.Namespace(t, admin, "go-lock-cut")
+	testenv.StartOperator(t, ns)
+	testenv.CreateLease(t, admin, ns, leaseName, 6)
+	proxy, through := testenv.NewProxy(t, cfg)
+	ctx, stop := context.WithCancel(context.Background())
+	lk, err := lock.New(ctx, through, lock.Config{Namespace: ns, Name: leaseName, Identity: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := spy{Lock: lk, steppedDown: make(chan time.Duration, 10)}
+	led := make(chan struct{})
+	conf := lk.LeaderElectionConfig(leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(context.Context) { close(led) },
+		OnStoppedLeading: func() { s.steppedDown <- lk.TimeLeft() }, // if it stopped without releasing
+	})
+	conf.Lock = s
+	le, err := leaderelection.NewLeaderElector(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{})
+	go func() { defer close(ran); le.Run(ctx) }()
+	defer func() { proxy.Heal(); stop(); <-ran; <-lk.Done() }()
+	select {
+	case <-led:
+	case <-time.After(60 * time.Second):
+		t.Fatal("not leading within 60 s")
+	}
+	time.Sleep(time.Second)
+	proxy.Cut()
+	cut := time.Now()
+	select {
+	case left := <-s.steppedDown:
+		t.Logf("MEASURED the cut-off elector stepped down %v after the cut, %v before the local safe deadline (timing %+v)", time.Since(cut), left, lk.Timing())
+		if left <= 0 {
+			t.Fatal("the elector stepped down at or after the local safe deadline")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the cut-off elector did not step down within 15 s")
 	}
 }
 

@@ -142,6 +142,18 @@ func (l *Lock) Token() (int64, error) {
 	return term.Token()
 }
 
+// TimeLeft is the time before the term's local safe deadline, zero between terms: work that
+// would not finish inside it should not start.
+func (l *Lock) TimeLeft() time.Duration {
+	l.mu.Lock()
+	term := l.term
+	l.mu.Unlock()
+	if term == nil {
+		return 0
+	}
+	return term.TimeLeft()
+}
+
 // Get describes the lease as the lock sees it: this candidate is named holder only while its
 // term is held; otherwise the holder is the one the FencedLease names.
 func (l *Lock) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
@@ -177,9 +189,9 @@ func (l *Lock) Create(context.Context, resourcelock.LeaderElectionRecord) error 
 	return fmt.Errorf("lock: FencedLease %s cannot be read; the lock does not create it", l.Describe())
 }
 
-// Update is the elector's acquire or renew: accepted only while this candidate's term is held
-// with more than RenewDeadline + RetryPeriod before its local safe deadline. A record with no
-// holder is the elector stepping down: the claim is deleted.
+// Update is the elector's acquire or renew: accepted only while this candidate's term is
+// held with more than RenewDeadline + 2 × RetryPeriod before its local safe deadline. A
+// record with no holder is the elector stepping down: the claim is deleted.
 func (l *Lock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	now := time.Now()
 	l.mu.Lock()
@@ -200,7 +212,7 @@ func (l *Lock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord
 		return fmt.Errorf("lock: FencedLease %s is not granted to %s", l.Describe(), l.cfg.Identity)
 	}
 	if left := term.TimeLeft(); !l.cfg.Timing.mayRenew(left) {
-		return fmt.Errorf("lock: FencedLease %s: %v left before the local safe deadline, not more than RenewDeadline + RetryPeriod", l.Describe(), left)
+		return fmt.Errorf("lock: FencedLease %s: %v left before the local safe deadline, not more than RenewDeadline + 2 × RetryPeriod", l.Describe(), left)
 	}
 	l.lastUpdate = now
 	return nil

@@ -24,7 +24,7 @@ type Timing struct {
 
 // Room is the time a term of duration d renewed on schedule has left before its local safe
 // deadline just before each renew: d − d/3 (the renew period) − margin (0: the lease
-// package's default). RenewDeadline + RetryPeriod must be shorter.
+// package's default). RenewDeadline + 2 × RetryPeriod must be shorter.
 func Room(d, margin time.Duration) time.Duration {
 	if margin <= 0 {
 		margin = lease.DefaultMargin(d)
@@ -41,8 +41,8 @@ func DefaultTiming(d, margin time.Duration) Timing {
 }
 
 // Check refuses a timing that would let the elector believe it leads past the local safe
-// deadline of a term renewed on schedule (RenewDeadline + RetryPeriod not below the Room),
-// or that client-go's elector refuses.
+// deadline of a term renewed on schedule (RenewDeadline + 2 × RetryPeriod not below the
+// Room), or that client-go's elector refuses.
 func (t Timing) Check(d, margin time.Duration) error {
 	room := Room(d, margin)
 	switch {
@@ -50,8 +50,8 @@ func (t Timing) Check(d, margin time.Duration) error {
 		return fmt.Errorf("lock: LeaseDuration, RenewDeadline and RetryPeriod must be positive (%+v)", t)
 	case room <= 0:
 		return fmt.Errorf("lock: a FencedLease of %v with margin %v leaves no time to lead: lengthen the lease", d, margin)
-	case t.RenewDeadline+t.RetryPeriod >= room:
-		return fmt.Errorf("lock: RenewDeadline %v + RetryPeriod %v must be below %v for a FencedLease of %v (duration − renew period − margin), or the elector could believe it leads past the local safe deadline; DefaultTiming gives %+v",
+	case t.window() >= room:
+		return fmt.Errorf("lock: RenewDeadline %v + 2 × RetryPeriod %v must be below %v for a FencedLease of %v (duration − renew period − margin), or the elector could believe it leads past the local safe deadline; DefaultTiming gives %+v",
 			t.RenewDeadline, t.RetryPeriod, room, d, DefaultTiming(d, margin))
 	case t.LeaseDuration <= t.RenewDeadline:
 		return fmt.Errorf("lock: LeaseDuration %v must be longer than RenewDeadline %v", t.LeaseDuration, t.RenewDeadline)
@@ -62,11 +62,12 @@ func (t Timing) Check(d, margin time.Duration) error {
 }
 
 // window is how long after its last successful Update an elector may still believe it
-// leads, plus one RetryPeriod for scheduling: how long the lock waits after a term before it
-// queues again, and how long without an Update before it releases a held term.
+// leads (RetryPeriod + RenewDeadline), plus one RetryPeriod for its scheduling and calls.
+// It is the one rule for three things: Update needs more than this before the local safe
+// deadline; the lock waits this long after a term before it queues again; and it releases a
+// held term the elector has not renewed for this long.
 func (t Timing) window() time.Duration { return t.RenewDeadline + 2*t.RetryPeriod }
 
 // mayRenew is the rule of Update: a term with left before its local safe deadline may be
-// renewed by the elector only if the elector's belief, at most RetryPeriod + RenewDeadline
-// from now, ends before the deadline.
-func (t Timing) mayRenew(left time.Duration) bool { return left > t.RenewDeadline+t.RetryPeriod }
+// renewed only if the elector's belief ends before the deadline.
+func (t Timing) mayRenew(left time.Duration) bool { return left > t.window() }

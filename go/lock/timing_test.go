@@ -6,11 +6,12 @@ import (
 )
 
 // The elector believes it leads up to RetryPeriod + RenewDeadline after an accepted Update,
-// so Update needs strictly more than that before the local safe deadline.
+// so Update needs more than that, and one RetryPeriod of slack, before the local safe
+// deadline.
 func TestUpdateNeedsTheElectorsWholeBeliefBeforeTheDeadline(t *testing.T) {
 	tm := Timing{LeaseDuration: 3 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond}
 	for left, want := range map[time.Duration]bool{
-		0: false, 1200 * time.Millisecond: false, 1201 * time.Millisecond: true, 2 * time.Second: true,
+		0: false, 1200 * time.Millisecond: false, 1400 * time.Millisecond: false, 1401 * time.Millisecond: true, 2 * time.Second: true,
 	} {
 		if got := tm.mayRenew(left); got != want {
 			t.Errorf("mayRenew(%v) = %v, want %v", left, got, want)
@@ -45,6 +46,7 @@ func TestTimingThatOutlivesTheDeadlineIsRefused(t *testing.T) {
 	for _, tm := range []Timing{
 		{LeaseDuration: d, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second},
 		{LeaseDuration: d, RenewDeadline: 7 * time.Second, RetryPeriod: 1500 * time.Millisecond},
+		{LeaseDuration: d, RenewDeadline: 6 * time.Second, RetryPeriod: 2 * time.Second},
 		{LeaseDuration: time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: time.Second / 2},
 		{LeaseDuration: d, RenewDeadline: time.Second, RetryPeriod: time.Second},
 		{LeaseDuration: d, RenewDeadline: time.Second},
@@ -53,7 +55,7 @@ func TestTimingThatOutlivesTheDeadlineIsRefused(t *testing.T) {
 			t.Errorf("%+v accepted", tm)
 		}
 	}
-	ok := Timing{LeaseDuration: d, RenewDeadline: 6 * time.Second, RetryPeriod: 2 * time.Second}
+	ok := Timing{LeaseDuration: d, RenewDeadline: 5 * time.Second, RetryPeriod: time.Second}
 	if err := ok.Check(d, 0); err != nil {
 		t.Errorf("%+v: %v", ok, err)
 	}
