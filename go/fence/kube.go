@@ -130,7 +130,7 @@ func Delete(ctx context.Context, c client.Client, obj client.Object, lease strin
 		patchOpts = append(patchOpts, client.DryRunAll)
 	}
 	if err := c.Patch(ctx, target, client.RawPatch(types.MergePatchType, patch), patchOpts...); err != nil {
-		if pre.UID != nil && apierrors.IsInvalid(err) {
+		if pre.UID != nil && uidRefused(err) {
 			gr := schema.GroupResource{Group: target.GetObjectKind().GroupVersionKind().Group}
 			return apierrors.NewConflict(gr, obj.GetName(), fmt.Errorf("precondition failed: UID in precondition: %v: %w", *pre.UID, err))
 		}
@@ -142,4 +142,19 @@ func Delete(ctx context.Context, c client.Client, obj client.Object, lease strin
 		pre = metav1.Preconditions{ResourceVersion: &rv, UID: &uid}
 	}
 	return FromAPIError(c.Delete(ctx, obj, append(opts, client.Preconditions(pre))...))
+}
+
+// uidRefused: the apiserver refused a patch because it would change metadata.uid, which is
+// how a stamp patch carrying a UID precondition fails on another object of the same name.
+func uidRefused(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, cause := range status.Status().Details.Causes {
+		if cause.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
 }
