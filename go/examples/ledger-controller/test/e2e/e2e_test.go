@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -27,18 +28,19 @@ import (
 
 // replica is one running ledger-controller process and the lines it printed.
 type replica struct {
-	name   string
-	cmd    *exec.Cmd
-	lines  chan string
-	exited chan struct{}
-	probe  string
+	name    string
+	cmd     *exec.Cmd
+	lines   chan string
+	exited  chan struct{}
+	probe   string
+	metrics string
 }
 
 func startReplica(t *testing.T, bin, ns, name string) *replica {
 	t.Helper()
-	probe := freeAddr(t)
+	probe, metrics := freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "--namespace", ns, "--lease", "ledger-controller", "--identity", name,
-		"--health-probe-bind-address", probe)
+		"--health-probe-bind-address", probe, "--metrics-bind-address", metrics)
 	cmd.Env = os.Environ()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -47,7 +49,7 @@ func startReplica(t *testing.T, bin, ns, name string) *replica {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{name: name, cmd: cmd, lines: make(chan string, 100000), exited: make(chan struct{}), probe: probe}
+	r := &replica{name: name, cmd: cmd, lines: make(chan string, 100000), exited: make(chan struct{}), probe: probe, metrics: metrics}
 	go func() {
 		s := bufio.NewScanner(out)
 		for s.Scan() {
@@ -113,6 +115,31 @@ func (r *replica) healthy(t *testing.T) {
 	})
 }
 
+// leader is the replica's fencedlease_leader gauge as its metrics endpoint serves it.
+func (r *replica) leader(t *testing.T) string {
+	t.Helper()
+	var value string
+	testenv.Eventually(t, r.name+"'s fencedlease_leader", 20*time.Second, func() error {
+		resp, err := http.Get("http://" + r.metrics + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, "fencedlease_leader{") && strings.Contains(line, `identity="`+r.name+`"`) {
+				value = line[strings.LastIndex(line, " ")+1:]
+				return nil
+			}
+		}
+		return errors.New("no fencedlease_leader")
+	})
+	return value
+}
+
 func freeAddr(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -160,7 +187,10 @@ func TestAPausedLeaderIsRefusedTheOtherLeadsAndTheFirstLeadsAgain(t *testing.T) 
 		t.Fatalf("a's first write: %s", got)
 	}
 	b := startReplica(t, bin, ns, "replica-b")
-	b.healthy(t) // a standby serves its probes
+	b.healthy(t) // a standby serves its probes and metrics
+	if got, leading := b.leader(t), a.leader(t); got != "0" || leading != "1" {
+		t.Fatalf("fencedlease_leader: standby %s, leader %s", got, leading)
+	}
 	if got := token(t, a.next(t, "WORKING", 10*time.Second)); got != first {
 		t.Fatalf("a's reconciler has token %d from its context in term %d", got, first)
 	}
