@@ -35,6 +35,9 @@ type Fenced struct {
 	Presented int64
 	// Highest is the token the resource holds (the highest it has accepted).
 	Highest int64
+	// Err is the resource's own answer, if it gave one (the apiserver's 403, so that
+	// apierrors.IsForbidden still recognises the error); nil from PostgreSQL and Redis.
+	Err error
 }
 
 func (f *Fenced) Error() string {
@@ -44,17 +47,25 @@ func (f *Fenced) Error() string {
 // Is matches ErrFenced.
 func (f *Fenced) Is(target error) bool { return target == ErrFenced }
 
+// Unwrap is the resource's own answer (nil if none).
+func (f *Fenced) Unwrap() error { return f.Err }
+
 // NotHolder says the apiserver refused the write because the writer's pod does not hold the
 // lease that fences the object (the identity rule, I11).
 type NotHolder struct {
 	// Message is the apiserver's account, after "fenced: ".
 	Message string
+	// Err is the apiserver's 403, so that apierrors.IsForbidden still recognises the error.
+	Err error
 }
 
 func (n *NotHolder) Error() string { return "fenced out: " + n.Message }
 
 // Is matches ErrFenced.
 func (n *NotHolder) Is(target error) bool { return target == ErrFenced }
+
+// Unwrap is the apiserver's 403.
+func (n *NotHolder) Unwrap() error { return n.Err }
 
 // Accepts is the rule every guard applies atomically: a write carrying token is accepted
 // when it is at least the highest token accepted so far. Equal is accepted so that one
