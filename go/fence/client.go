@@ -60,7 +60,7 @@ func (s *stampingClient) token() (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("not writing under FencedLease %s: %w", s.lease, err)
 	}
-	return t, checkToken(t)
+	return t, CheckToken(t)
 }
 
 func (s *stampingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {

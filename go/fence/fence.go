@@ -25,9 +25,14 @@ import (
 // gets it must stop, not retry: a newer holder exists.
 var ErrFenced = errors.New("fenced out")
 
-// ErrInvalidToken is a negative token: tokens are non-negative integers, so it is a bug in the
+// ErrInvalidToken is a token no lease issues: negative, or above MaxToken. It is a bug in the
 // caller.
 var ErrInvalidToken = errors.New("invalid fencing token")
+
+// MaxToken is the largest fencing token, 2^53 - 1: every shipped fence compares tokens up to it
+// exactly (the admission policies, PostgreSQL's bigint, Redis, whose numbers are doubles), so
+// the operator issues none above it.
+const MaxToken int64 = 1<<53 - 1
 
 // Fenced says a write was refused because the resource has accepted a higher token.
 type Fenced struct {
@@ -72,9 +77,11 @@ func (n *NotHolder) Unwrap() error { return n.Err }
 // holder can write many times.
 func Accepts(highest, token int64) bool { return token >= highest }
 
-func checkToken(token int64) error {
-	if token < 0 {
-		return fmt.Errorf("%w %d: tokens are non-negative integers", ErrInvalidToken, token)
+// CheckToken refuses, with ErrInvalidToken, a token no lease issues (negative, or above
+// MaxToken), before any write is attempted.
+func CheckToken(token int64) error {
+	if token < 0 || token > MaxToken {
+		return fmt.Errorf("%w %d: tokens are integers from 0 to %d (2^53 - 1)", ErrInvalidToken, token, MaxToken)
 	}
 	return nil
 }

@@ -103,7 +103,7 @@ func refusedTokens(message string) (int64, int64, bool) {
 // written, obj is left as it was. A UID precondition that does not match is a 409 Conflict,
 // as from client.Delete.
 func Delete(ctx context.Context, c client.Client, obj client.Object, lease string, token int64, opts ...client.DeleteOption) error {
-	if err := checkToken(token); err != nil {
+	if err := CheckToken(token); err != nil {
 		return err
 	}
 	do := (&client.DeleteOptions{}).ApplyOptions(opts)
