@@ -140,8 +140,10 @@ pub enum Answer {
 /// 500, 502, 503 and 504 whose message does not come from admission (`denied request`,
 /// `ValidatingAdmissionPolicy`, `failed to configure`, `admission webhook`): those are the
 /// apiserver or etcd not (yet) serving (`the server is currently unable to handle the
-/// request`, `etcdserver: request timed out`, `Timeout: ...`). No answer at all (connection
-/// refused or reset, a timeout on our side) is a failure too.
+/// request`, `etcdserver: request timed out`, `Timeout: ...`). A 403 of the authorizer
+/// (RBAC's `cannot <verb> resource`, not admission's) is a failure as well: nothing fenced-lease
+/// installs or leaves behind is an RBAC rule. No answer at all (connection refused or reset, a
+/// timeout on our side) is a failure too.
 pub fn classify(error: &kube::Error) -> Answer {
     match error {
         kube::Error::Api(status) => {
@@ -159,7 +161,10 @@ pub fn classify(error: &kube::Error) -> Answer {
             .iter()
             .any(|w| m.contains(w));
             let unavailable = matches!(status.code, 429 | 500 | 502 | 503 | 504) && !from_admission;
-            if status.code == 404 || status.code == 409 || unavailable {
+            // RBAC's own 403 (`User "…" cannot patch resource …`), seen while a restarted
+            // apiserver's authorizer has not loaded its roles yet: fenced-lease writes no RBAC.
+            let authorizer = status.code == 403 && !from_admission && m.contains(" cannot ");
+            if status.code == 404 || status.code == 409 || unavailable || authorizer {
                 Answer::Failed(text)
             } else {
                 Answer::Refused(text)
