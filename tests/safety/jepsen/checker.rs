@@ -158,6 +158,10 @@ pub struct Collateral {
     /// Refused with `failed to configure policy` within a control-plane restart's grace: not
     /// counted as violations.
     pub unconfigured: usize,
+    /// Refused by the rules of a lease that was deleted within the identity allowance of the
+    /// write (either side): the apiserver reads a lease from its informer, so for that window it
+    /// may still see it, as I11's window (not counted as violations).
+    pub lagging: usize,
     /// Refusals by cause ([`refusal_cause`]).
     pub causes: BTreeMap<&'static str, usize>,
 }
@@ -355,12 +359,14 @@ impl fmt::Display for Report {
         let c = &self.collateral;
         writeln!(
             f,
-            "collateral (I12): {} answered writes to objects no lease fences (cluster-admin, a pod that holds nothing), {} refused: {} violations, {} with `failed to configure policy` within {:.0} s of a control-plane restart (kubernetes#124237, not counted); causes: {:?}",
+            "collateral (I12): {} answered writes to objects no lease fences (cluster-admin, a pod that holds nothing), {} refused: {} violations, {} with `failed to configure policy` within {:.0} s of a control-plane restart (kubernetes#124237, not counted), {} by a lease deleted within {} of the write (the apiserver's cache of it, not counted); causes: {:?}",
             c.answered,
             c.refused,
-            c.refused - c.unconfigured,
+            c.refused - c.unconfigured - c.lagging,
             c.unconfigured,
             RESTART_GRACE as f64 / 1e9,
+            c.lagging,
+            millis(i64::try_from(self.identity_allowance).unwrap_or(i64::MAX)),
             c.causes,
         )?;
         let e = &self.fence_edits;
@@ -1110,6 +1116,13 @@ pub fn refusal_cause(refusal: &str) -> &'static str {
 
 /// collateral-refusal: every refusal of a write no lease fences, but `failed to configure
 /// policy` from the start of a control-plane restart to [`RESTART_GRACE`] after its end.
+/// The lease a refusal by the lease rules names (`... FencedLease <namespace>/<lease> (...`).
+fn refusing_lease(refusal: &str) -> Option<&str> {
+    let rest = refusal.split("FencedLease ").nth(1)?;
+    let qualified = rest.split(' ').next()?;
+    qualified.split('/').nth(1)
+}
+
 fn collateral(entries: &[&Entry], r: &mut Report) {
     let mut restarts: Vec<(u64, u64)> = vec![];
     for e in entries {
@@ -1129,6 +1142,13 @@ fn collateral(entries: &[&Entry], r: &mut Report) {
             _ => {}
         }
     }
+    let mut gone: HashMap<&str, Vec<u64>> = HashMap::new();
+    for e in entries {
+        if let Event::LeaseGone { lease, .. } = &e.ev {
+            gone.entry(lease.as_str()).or_default().push(e.t);
+        }
+    }
+    let allowance = r.identity_allowance;
     let mut sent: HashMap<&str, (&str, &str, Option<&str>, u64)> = HashMap::new();
     for e in entries {
         match &e.ev {
@@ -1156,6 +1176,11 @@ fn collateral(entries: &[&Entry], r: &mut Report) {
                 let restarting = restarts.iter().any(|&(from, to)| at >= from && at <= to);
                 if restarting && refusal.contains("failed to configure policy") {
                     r.collateral.unconfigured += 1;
+                    continue;
+                }
+                let by_lease = refusing_lease(refusal).and_then(|l| gone.get(l));
+                if by_lease.is_some_and(|ts| ts.iter().any(|&t| at.abs_diff(t) <= allowance)) {
+                    r.collateral.lagging += 1;
                     continue;
                 }
                 r.violations.push(Violation {
