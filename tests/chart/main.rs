@@ -693,7 +693,9 @@ async fn limited_to_listed_namespaces_the_operator_serves_them_through_role_bind
     let deployment = find(&manifest, "Deployment", &release.object("operator"));
     let sa = release.object("operator");
     let granted = audit::granted_to(&home.name, &sa);
-    // Cluster-wide only what is cluster-scoped: the admission bindings of fenced leases.
+    // Cluster-wide only what is cluster-scoped: the admission bindings of fenced leases, and
+    // `get` of FencedLeases, which the apiserver requires of whoever creates a policy with
+    // FencedLease params (a lease's kinds policy).
     let mut namespaces: Vec<&String> = served.iter().map(|ns| &ns.name).collect();
     namespaces.push(&home.name);
     assert!(
@@ -702,6 +704,7 @@ async fn limited_to_listed_namespaces_the_operator_serves_them_through_role_bind
                 .as_ref()
                 .is_some_and(|ns| namespaces.contains(&ns))
                 || p.group == "admissionregistration.k8s.io"
+                || (p.group == "fencing.dev" && p.resource == "fencedleases" && p.verb == "get")
         }),
         "nothing namespaced cluster-wide, only the release's and the three served namespaces:\n{}",
         audit::table(&granted)
