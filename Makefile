@@ -3,11 +3,12 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test compat monitoring-test image krew bench
+.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: deps ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL
+demo: ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL (builds only the control plane and the crate)
+	@hack/deps
 	@hack/demo
 
 # The Rust test binaries (Cargo.toml lists each), and those that need no more than the control
@@ -66,11 +67,15 @@ chart-sync: ## copy crds/, deploy/rbac/, deploy/admission/ and deploy/monitoring
 	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then mkdir -p $(CHART)/files/admission && cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
 	mkdir -p $(CHART)/files/monitoring && cp $(MONITORING) $(CHART)/files/monitoring/
 
-chart-test: ## the chart's copies of deploy/monitoring/ are current; helm lint, helm template for the oldest and newest supported Kubernetes, helm-unittest
+chart-test: ## the chart's copies of deploy/monitoring/ are current, its README's values table too; helm lint, helm template for the oldest and newest supported Kubernetes, helm-unittest
 	@for f in $(MONITORING); do cmp -s $$f $(CHART)/files/monitoring/$${f##*/} || { echo "$(CHART)/files/monitoring/$${f##*/} differs from $$f: run make chart-sync" >&2; exit 1; }; done
+	hack/chart-readme --check
 	hack/helm helm lint --strict $(CHART)
 	for v in 1.34.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
 	hack/helm unittest --strict $(CHART)
+
+chart-readme: ## regenerate the values table of charts/fenced-lease/README.md from values.yaml (chart-test fails until you do)
+	hack/chart-readme
 
 compat: ## the compatibility suite alone: the promises that matter, on the oldest supported Kubernetes minor (hack/compat; a control plane of its own)
 	@hack/compat
@@ -84,6 +89,10 @@ image: ## the operator's image, FROM scratch, built without a daemon (a release 
 
 krew: ## the kubectl plugin's krew archive and manifest in target/krew/ (a release build; not part of test)
 	@hack/krew
+
+release: ## VERSION=x.y.z: everything a release publishes, built into dist/ with SHA256SUMS, then checked (hack/release; not part of test)
+	@[ -n "$(VERSION)" ] || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
+	@hack/release build $(VERSION)
 
 up: ## start the local control plane; then: eval "$$(hack/control-plane env)"
 	@hack/control-plane up

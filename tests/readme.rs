@@ -134,3 +134,32 @@ fn readme_opens_with_make_demo_and_the_makefile_has_it() {
         "the README shows the output of a successful demo"
     );
 }
+
+/// Every alert links its runbook, and the link lands on a section of docs/runbooks.md, which
+/// the README points to.
+#[test]
+fn every_alert_has_a_runbook_section() {
+    let root = repo_root();
+    let alerts = std::fs::read_to_string(root.join("deploy/monitoring/alerts.yaml")).unwrap();
+    let runbooks = std::fs::read_to_string(root.join("docs/runbooks.md")).unwrap();
+    let names: Vec<&str> = alerts
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(names.len() >= 7, "alerts: {names:?}");
+    for name in names {
+        let url = format!(
+            "runbook_url: https://github.com/fenced-lease/fenced-lease/blob/main/docs/runbooks.md#{}",
+            name.to_lowercase()
+        );
+        assert!(alerts.contains(&url), "{name} has no runbook_url {url}");
+        assert!(
+            runbooks.contains(&format!("\n## {name}\n")),
+            "docs/runbooks.md has no section {name}"
+        );
+        assert!(
+            readme().contains(&format!("(docs/runbooks.md#{})", name.to_lowercase())),
+            "the README does not link the runbook of {name}"
+        );
+    }
+}

@@ -123,9 +123,9 @@ func (le *LeaderElector) GetLeader() string {
 // Run campaigns until ctx is done, then returns nil, having released the lease if it led.
 // It returns an error only when campaigning cannot succeed without a person: the lease does
 // not exist, RBAC forbids, or the margin is invalid. Failures that may pass are retried with
-// jittered backoff. Logs go to the logr.Logger in ctx, if any.
+// jittered backoff. Logs go to the logr.Logger in ctx, else to controller-runtime's (ctrl.Log).
 func (le *LeaderElector) Run(ctx context.Context) error {
-	log := logr.FromContextOrDiscard(ctx).WithValues("lease", le.cfg.Namespace+"/"+le.cfg.Name)
+	log := lease.Logger(ctx).WithValues("lease", le.cfg.Namespace+"/"+le.cfg.Name)
 	var follower sync.WaitGroup
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	defer func() {

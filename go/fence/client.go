@@ -18,6 +18,14 @@ type TokenSource interface {
 	Token() (int64, error)
 }
 
+// FixedToken is a TokenSource that always gives the same token: for unit tests of code that
+// writes under a lease, e.g. a reconciler with controller-runtime's fake client,
+// NewClient(fake.NewClientBuilder().Build(), "my-lease", fence.FixedToken(7)).
+type FixedToken int64
+
+// Token is t.
+func (t FixedToken) Token() (int64, error) { return int64(t), nil }
+
 // ErrUnstampable is a write the stamping client cannot stamp (a JSON patch, a collection
 // delete). Use a merge patch, or delete objects one by one.
 var ErrUnstampable = errors.New("this write cannot carry a fencing token")
@@ -25,12 +33,18 @@ var ErrUnstampable = errors.New("this write cannot carry a fencing token")
 // NewClient wraps c so that every write is fenced by lease: before each write it takes the
 // token from tokens (and refuses to write, with the token source's error, once the lease is
 // not held), stamps it on the object (Create, Update, Patch, Apply; Delete stamps then
-// deletes on that version), and turns the apiserver's fencing refusals into *Fenced or
-// *NotHolder. Reads go straight to c.
+// deletes on that version, see Delete), and turns the apiserver's fencing refusals into
+// *Fenced or *NotHolder, which wrap the apiserver's 403 (apierrors.IsForbidden holds).
+// Every option of a wrapped call reaches the apiserver as it would without the wrapper: dry
+// run, field owner, force, field validation, propagation policy, grace period,
+// preconditions. Reads go straight to c.
 //
-// A subresource write (status, scale) cannot carry a stamp: the apiserver keeps the stored
-// metadata. It is checked against the token source before it is sent, and fenced by the
-// writer's identity when the lease names its kind in spec.fence.
+// What it cannot stamp:
+//   - a JSON patch (types.JSONPatchType): ErrUnstampable; use a merge patch;
+//   - DeleteAllOf: ErrUnstampable; delete objects one by one;
+//   - subresource writes (status, scale, eviction...): the apiserver keeps the stored
+//     metadata. They are checked against the token source before they are sent, and fenced
+//     by the writer's identity when the lease names their kind in spec.fence.
 func NewClient(c client.Client, lease string, tokens TokenSource) client.Client {
 	return &stampingClient{Client: c, lease: lease, tokens: tokens}
 }
@@ -46,7 +60,7 @@ func (s *stampingClient) token() (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("not writing under FencedLease %s: %w", s.lease, err)
 	}
-	return t, checkToken(t)
+	return t, CheckToken(t)
 }
 
 func (s *stampingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
@@ -90,25 +104,23 @@ func (s *stampingClient) Apply(ctx context.Context, obj runtime.ApplyConfigurati
 		return err
 	}
 	Stamp(u, s.lease, t)
-	applied := &client.ApplyOptions{}
-	applied.ApplyOptions(opts)
-	patchOpts := []client.PatchOption{client.FieldOwner(applied.FieldManager)}
-	if applied.Force != nil && *applied.Force {
-		patchOpts = append(patchOpts, client.ForceOwnership)
+	applied := client.ApplyConfigurationFromUnstructured(u)
+	if err := s.Client.Apply(ctx, applied, opts...); err != nil {
+		return FromAPIError(err)
 	}
-	if len(applied.DryRun) > 0 {
-		patchOpts = append(patchOpts, client.DryRunAll)
+	// As client.Apply does, obj gets the object the apiserver answered with.
+	if answer, err := u.MarshalJSON(); err == nil {
+		_ = json.Unmarshal(answer, obj)
 	}
-	//nolint:staticcheck // server-side apply of a stamped unstructured object
-	return FromAPIError(s.Client.Patch(ctx, u, client.Apply, patchOpts...))
+	return nil
 }
 
-func (s *stampingClient) Delete(ctx context.Context, obj client.Object, _ ...client.DeleteOption) error {
+func (s *stampingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	t, err := s.token()
 	if err != nil {
 		return err
 	}
-	return Delete(ctx, s.Client, obj, s.lease, t)
+	return Delete(ctx, s.Client, obj, s.lease, t, opts...)
 }
 
 func (s *stampingClient) DeleteAllOf(context.Context, client.Object, ...client.DeleteAllOfOption) error {

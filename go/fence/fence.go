@@ -25,9 +25,14 @@ import (
 // gets it must stop, not retry: a newer holder exists.
 var ErrFenced = errors.New("fenced out")
 
-// ErrInvalidToken is a negative token: tokens are non-negative integers, so it is a bug in the
+// ErrInvalidToken is a token no lease issues: negative, or above MaxToken. It is a bug in the
 // caller.
 var ErrInvalidToken = errors.New("invalid fencing token")
+
+// MaxToken is the largest fencing token, 2^53 - 1: every shipped fence compares tokens up to it
+// exactly (the admission policies, PostgreSQL's bigint, Redis, whose numbers are doubles), so
+// the operator issues none above it.
+const MaxToken int64 = 1<<53 - 1
 
 // Fenced says a write was refused because the resource has accepted a higher token.
 type Fenced struct {
@@ -35,6 +40,9 @@ type Fenced struct {
 	Presented int64
 	// Highest is the token the resource holds (the highest it has accepted).
 	Highest int64
+	// Err is the resource's own answer, if it gave one (the apiserver's 403, so that
+	// apierrors.IsForbidden still recognises the error); nil from PostgreSQL and Redis.
+	Err error
 }
 
 func (f *Fenced) Error() string {
@@ -44,11 +52,16 @@ func (f *Fenced) Error() string {
 // Is matches ErrFenced.
 func (f *Fenced) Is(target error) bool { return target == ErrFenced }
 
+// Unwrap is the resource's own answer (nil if none).
+func (f *Fenced) Unwrap() error { return f.Err }
+
 // NotHolder says the apiserver refused the write because the writer's pod does not hold the
 // lease that fences the object (the identity rule, I11).
 type NotHolder struct {
 	// Message is the apiserver's account, after "fenced: ".
 	Message string
+	// Err is the apiserver's 403, so that apierrors.IsForbidden still recognises the error.
+	Err error
 }
 
 func (n *NotHolder) Error() string { return "fenced out: " + n.Message }
@@ -56,14 +69,19 @@ func (n *NotHolder) Error() string { return "fenced out: " + n.Message }
 // Is matches ErrFenced.
 func (n *NotHolder) Is(target error) bool { return target == ErrFenced }
 
+// Unwrap is the apiserver's 403.
+func (n *NotHolder) Unwrap() error { return n.Err }
+
 // Accepts is the rule every guard applies atomically: a write carrying token is accepted
 // when it is at least the highest token accepted so far. Equal is accepted so that one
 // holder can write many times.
 func Accepts(highest, token int64) bool { return token >= highest }
 
-func checkToken(token int64) error {
-	if token < 0 {
-		return fmt.Errorf("%w %d: tokens are non-negative integers", ErrInvalidToken, token)
+// CheckToken refuses, with ErrInvalidToken, a token no lease issues (negative, or above
+// MaxToken), before any write is attempted.
+func CheckToken(token int64) error {
+	if token < 0 || token > MaxToken {
+		return fmt.Errorf("%w %d: tokens are integers from 0 to %d (2^53 - 1)", ErrInvalidToken, token, MaxToken)
 	}
 	return nil
 }

@@ -3,12 +3,15 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -49,7 +52,8 @@ func TokenOf(obj metav1.Object) (int64, bool) {
 }
 
 // FromAPIError turns a refusal by the fencing policies into *Fenced (a lower token) or
-// *NotHolder (a pod that does not hold the lease); any other error is returned as it is.
+// *NotHolder (a pod that does not hold the lease), each wrapping the apiserver's 403 so that
+// apierrors.IsForbidden still holds; any other error is returned as it is.
 func FromAPIError(err error) error {
 	if err == nil || !apierrors.IsForbidden(err) {
 		return err
@@ -63,10 +67,10 @@ func FromAPIError(err error) error {
 		return err
 	}
 	if presented, highest, ok := refusedTokens(what); ok {
-		return &Fenced{Presented: presented, Highest: highest}
+		return &Fenced{Presented: presented, Highest: highest, Err: err}
 	}
 	if strings.Contains(what, " does not hold FencedLease ") {
-		return &NotHolder{Message: what}
+		return &NotHolder{Message: what, Err: err}
 	}
 	return err
 }
@@ -90,22 +94,67 @@ func refusedTokens(message string) (int64, int64, bool) {
 	return presented, highest, err1 == nil && err2 == nil
 }
 
-// Delete deletes a fenced object as the holder of token: stamps the token with a patch
-// (which the policies check), then deletes on exactly the version that patch wrote, so that
-// no write of another holder can come in between. obj names the object; it is updated with
-// the stamped version.
-func Delete(ctx context.Context, c client.Client, obj client.Object, lease string, token int64) error {
-	if err := checkToken(token); err != nil {
+// Delete deletes a fenced object as the holder of token, with opts as client.Delete takes
+// them (propagation policy, grace period, preconditions, dry run, ...). It stamps the token
+// with a merge patch, which the policies check and which carries the caller's
+// preconditions, then deletes exactly the version that patch wrote, so that no write of
+// another holder can come in between. obj names the object and is updated with the stamped
+// version. A dry run is a dry run throughout: the policies judge the stamp, nothing is
+// written, obj is left as it was. A UID precondition that does not match is a 409 Conflict,
+// as from client.Delete.
+func Delete(ctx context.Context, c client.Client, obj client.Object, lease string, token int64, opts ...client.DeleteOption) error {
+	if err := CheckToken(token); err != nil {
 		return err
 	}
-	patch, err := jsonMerge(StampPatch(lease, token))
+	do := (&client.DeleteOptions{}).ApplyOptions(opts)
+	stamp := StampPatch(lease, token)
+	meta := stamp["metadata"].(map[string]any)
+	pre := metav1.Preconditions{}
+	if do.Preconditions != nil {
+		pre = *do.Preconditions
+	}
+	if pre.ResourceVersion != nil {
+		meta["resourceVersion"] = *pre.ResourceVersion
+	}
+	if pre.UID != nil {
+		meta["uid"] = string(*pre.UID)
+	}
+	patch, err := jsonMerge(stamp)
 	if err != nil {
 		return err
 	}
-	if err := c.Patch(ctx, obj, client.RawPatch("application/merge-patch+json", patch)); err != nil {
+	target, patchOpts := obj, []client.PatchOption(nil)
+	dryRun := len(do.DryRun) > 0
+	if dryRun {
+		target = obj.DeepCopyObject().(client.Object)
+		patchOpts = append(patchOpts, client.DryRunAll)
+	}
+	if err := c.Patch(ctx, target, client.RawPatch(types.MergePatchType, patch), patchOpts...); err != nil {
+		if pre.UID != nil && uidRefused(err) {
+			gr := schema.GroupResource{Group: target.GetObjectKind().GroupVersionKind().Group}
+			return apierrors.NewConflict(gr, obj.GetName(), fmt.Errorf("precondition failed: UID in precondition: %v: %w", *pre.UID, err))
+		}
 		return FromAPIError(err)
 	}
-	rv, uid := obj.GetResourceVersion(), obj.GetUID()
-	pre := client.Preconditions{ResourceVersion: &rv, UID: &uid}
-	return FromAPIError(c.Delete(ctx, obj, pre))
+	if !dryRun {
+		// The version the stamp wrote: the delete applies to it or fails.
+		rv, uid := target.GetResourceVersion(), target.GetUID()
+		pre = metav1.Preconditions{ResourceVersion: &rv, UID: &uid}
+	}
+	return FromAPIError(c.Delete(ctx, obj, append(opts, client.Preconditions(pre))...))
+}
+
+// uidRefused: the apiserver refused a patch because it would change metadata.uid, which is
+// how a stamp patch carrying a UID precondition fails on another object of the same name.
+func uidRefused(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, cause := range status.Status().Details.Causes {
+		if cause.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
 }

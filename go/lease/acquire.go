@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
-	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
@@ -20,9 +19,10 @@ import (
 // that the operator expires is replaced by a fresh one at the back of the queue.
 //
 // Once granted, the lease is held until it is lost, Release is called, or ctx is done:
-// cancelling ctx releases it. Logs go to the logr.Logger in ctx, if any.
+// cancelling ctx releases it. Logs go to the logr.Logger in ctx, else to controller-runtime's
+// (ctrl.Log, set with ctrl.SetLogger).
 func Acquire(ctx context.Context, c *Client, namespace, lease string, opts Options) (*Lease, error) {
-	log := logr.FromContextOrDiscard(ctx)
+	log := Logger(ctx)
 	b := newBudget(ctx, namespace+"/"+lease, opts.Wait)
 	identity := opts.Identity
 	if identity == "" {

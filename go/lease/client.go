@@ -103,3 +103,17 @@ func (c *Client) watchOne(ctx context.Context, ns, resource, name, rv string) (w
 	return c.rest.Get().Namespace(ns).Resource(resource).
 		VersionedParams(opts, metav1.ParameterCodec).Watch(ctx)
 }
+
+// LeaseDuration is the spec.leaseDurationSeconds of FencedLease namespace/name: the duration
+// of its next term (a running term keeps the one it was granted with). A missing lease is
+// an error matching ErrLeaseNotFound.
+func (c *Client) LeaseDuration(ctx context.Context, namespace, name string) (time.Duration, error) {
+	l, err := c.getLease(ctx, namespace, name)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, &Error{Kind: ErrLeaseNotFound, What: "FencedLease " + namespace + "/" + name, Err: err}
+		}
+		return 0, fromAPI("get FencedLease "+namespace+"/"+name, err)
+	}
+	return viewLease(l).specDuration, nil
+}

@@ -3,29 +3,29 @@ package lease
 import (
 	"context"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
-// bootInstant is an instant on the boot clock: time since boot, suspend included. Go's
-// monotonic clock and its timers use CLOCK_MONOTONIC on Linux, which stops while the machine
-// is suspended; after resume a deadline measured on it would lie in the future although the
-// lease may have been granted to someone else meanwhile (I6). So deadlines are kept on
-// CLOCK_BOOTTIME.
+// bootInstant is an instant on the boot clock: time since an arbitrary start, counting while
+// the process is paused and, where the platform allows, while the machine is suspended. A
+// deadline measured on a clock that stops during suspend would lie in the future after
+// resume although the lease may have been granted to someone else meanwhile (I6). bootNow
+// reads it; which clock that is depends on the platform:
+//
+//   - Linux: CLOCK_BOOTTIME (clock_linux.go). Go's own monotonic clock is CLOCK_MONOTONIC
+//     there, which stops during suspend.
+//   - macOS: CLOCK_MONOTONIC, which on Darwin keeps counting while the machine sleeps
+//     (clock_darwin.go). Go's monotonic clock there (mach_absolute_time) does not.
+//   - Windows: Go's monotonic clock, the interrupt time, which counts sleep and hibernation
+//     (clock_other.go).
+//   - Any other system: Go's monotonic clock (clock_other.go), which may stop while the
+//     machine is suspended: there a holder resumed from a suspend longer than its margin may
+//     answer Token until its next read of the lease or its renew fails. Do not suspend such
+//     machines while holding.
 type bootInstant time.Duration
 
 // recheck is the longest a timer sleeps before reading the boot clock again, so that a
 // deadline that passed during a suspend is noticed within this long of resume.
 const recheck = time.Second
-
-// bootNow reads CLOCK_BOOTTIME (CLOCK_MONOTONIC on a kernel without it, before 2.6.39).
-func bootNow() bootInstant {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	}
-	return bootInstant(time.Duration(ts.Nano()))
-}
 
 func (t bootInstant) add(d time.Duration) bootInstant { return t + bootInstant(d) }
 

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -162,7 +161,7 @@ func TestI6APausedHolderNeverReportsHoldingAfterItsDeadline(t *testing.T) {
 		close(lines)
 	}()
 	tok := waitForPrefix(t, lines, "HOLDING ", wait)
-	_ = child.Process.Signal(syscall.SIGSTOP)
+	testenv.Pause(t, child.Process)
 	stoppedAt := time.Now()
 	next := e.acquire(t, ctx, "db", "next")
 	t.Logf("MEASURED paused holder replaced after %v (lease 2s)", time.Since(stoppedAt))
@@ -173,7 +172,7 @@ func TestI6APausedHolderNeverReportsHoldingAfterItsDeadline(t *testing.T) {
 		<-lines
 	}
 	resumedAt := time.Now()
-	_ = child.Process.Signal(syscall.SIGCONT)
+	testenv.Resume(t, child.Process)
 	lostAfter := watchResume(t, lines, resumedAt)
 	t.Logf("MEASURED resumed holder's Done closed %v after SIGCONT", lostAfter)
 	if lostAfter > time.Second {

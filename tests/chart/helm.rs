@@ -145,9 +145,14 @@ impl Release {
 
     /// `helm install` with more flags, whatever comes of it.
     pub fn try_install_with(&self, flags: &[&str], set: &[&str]) -> Output {
+        self.try_install_chart(&chart_dir(), flags, set)
+    }
+
+    /// `helm install` of a chart directory or packaged chart (.tgz), whatever comes of it.
+    pub fn try_install_chart(&self, chart: &Path, flags: &[&str], set: &[&str]) -> Output {
         let mut cmd = helm();
         cmd.args(["install", &self.name])
-            .arg(chart_dir())
+            .arg(chart)
             .args(["--namespace", &self.namespace])
             .args(flags);
         for value in set {
@@ -168,6 +173,12 @@ impl Release {
             cmd.args(["--set", value]);
         }
         run_ok(&mut cmd)
+    }
+
+    /// The test hooks of this release (`helm test` creates them), as Helm renders them.
+    pub fn hooks(&self) -> Vec<Value> {
+        let out = run_ok(helm().args(["get", "hooks", &self.name, "-n", &self.namespace]));
+        documents(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// The objects Helm installed for this release.

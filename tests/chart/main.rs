@@ -4,7 +4,8 @@
 //! the holder ClusterRole is all `kubectl fence` needs; it serves listed namespaces through
 //! RoleBindings; its alerts, ServiceMonitor and dashboard install under prometheus-operator's
 //! CRDs; upgrade and uninstall keep the CRDs and the leases; a wrong value fails the install
-//! naming it; the pod meets the restricted Pod Security profile.
+//! naming it; the pod meets the restricted Pod Security profile; the packaged chart installs,
+//! and the command of its `helm test` holds a lease with the test's own rights.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -170,29 +171,48 @@ fn the_chart_renders_the_crds_rbac_and_policies_of_the_repository() {
         }
     }
 
-    // The image `make image` builds, tagged with the crate's version.
+    // One image reference: the chart's default, what `make image` builds and what the README
+    // names, tagged with the crate's version.
+    const IMAGE: &str = "ghcr.io/fenced-lease/fenced-lease-operator";
+    let version = env!("CARGO_PKG_VERSION");
     let chart: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
             .unwrap();
-    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["appVersion"], version);
+    assert_eq!(chart["version"], version);
+    assert_eq!(
+        chart["home"],
+        "https://github.com/fenced-lease/fenced-lease"
+    );
+    assert!(
+        chart["sources"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!("https://github.com/fenced-lease/fenced-lease"))),
+        "Chart.yaml names its sources"
+    );
     assert_eq!(
         find(&objects, "Deployment", "fenced-lease-operator")["spec"]["template"]["spec"]["containers"]
             [0]["image"],
-        format!("fenced-lease-operator:{}", env!("CARGO_PKG_VERSION"))
+        format!("{IMAGE}:{version}")
     );
-    // The README's two install commands name what the chart installs by default.
+    // The README's install commands name this version and what the chart installs by default.
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     for command in [
-        "$ helm install fenced-lease charts/fenced-lease -n fenced-lease --create-namespace\n",
-        "$ kubectl -n my-app create rolebinding my-app-fence-holder --clusterrole=fenced-lease-holder ",
+        format!(
+            "$ helm install fenced-lease oci://ghcr.io/fenced-lease/charts/fenced-lease --version {version} -n fenced-lease --create-namespace\n"
+        ),
+        "$ kubectl -n my-app create rolebinding my-app-fence-holder --clusterrole=fenced-lease-holder ".into(),
+        format!("$ go get github.com/fenced-lease/fenced-lease/go@v{version}\n"),
+        format!("`{IMAGE}:{version}`"),
+        "$ helm install fenced-lease charts/fenced-lease -n fenced-lease --create-namespace".into(),
     ] {
-        assert!(readme.contains(command), "README.md lacks {command:?}");
+        assert!(readme.contains(&command), "README.md lacks {command:?}");
     }
     find(&objects, "ClusterRole", "fenced-lease-holder");
 
     let image_script = std::fs::read_to_string(repo_root().join("hack/image")).unwrap();
     assert!(
-        image_script.contains("IMAGE_NAME:-fenced-lease-operator}"),
+        image_script.contains(&format!("IMAGE_NAME:-{IMAGE}}}")),
         "hack/image builds the image the chart points at"
     );
 }
@@ -992,4 +1012,141 @@ async fn the_operator_pod_meets_the_restricted_pod_security_profile() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The chart as `helm package` makes it (what a release publishes), installed; the operator runs
+/// as its Deployment says; then what `helm test` does, without a kubelet: its hooks created (the
+/// pod stays Pending), and the pod's command run here as the pod would run it: this build's
+/// kubectl-fence, the pod's downward-API variables, a token of the test's ServiceAccount bound
+/// to that pod. It must be granted the lease with no more than the test's rights.
+#[tokio::test]
+async fn the_packaged_chart_installs_and_its_helm_test_holds_a_lease() {
+    let _serial = OPERATORS.lock().await;
+    audit::log_path();
+    let ns = TestNamespace::new("chart-pkg").await;
+    let version = env!("CARGO_PKG_VERSION");
+    let dist = std::env::temp_dir().join(format!(
+        "fenced-lease-package-{:08x}",
+        rand::random::<u32>()
+    ));
+    run_ok(
+        helm::helm_offline()
+            .args(["package"])
+            .arg(chart_dir())
+            .args(["--version", version, "--app-version", version, "-d"])
+            .arg(&dist),
+    );
+    let package = dist.join(format!("fenced-lease-{version}.tgz"));
+    let listing = run_ok(Command::new("tar").arg("-tzf").arg(&package));
+    let listing = String::from_utf8_lossy(&listing.stdout).to_string();
+    assert!(
+        listing.contains("fenced-lease/templates/tests/grant.yaml\n")
+            && !listing.contains("fenced-lease/tests/"),
+        "the package holds helm test's template and not the helm-unittest suites:\n{listing}"
+    );
+
+    let release = Release::named(&ns.name);
+    let watch = format!("watchNamespaces[0]={}", ns.name);
+    let out = release.try_install_chart(
+        &package,
+        &[],
+        &[
+            "crds.enabled=false",
+            "admissionPolicies.enabled=false",
+            "replicaCount=1",
+            &watch,
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dist);
+    assert!(
+        out.status.success(),
+        "helm install {}: {}",
+        package.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest = release.manifest();
+    let deployment = find(&manifest, "Deployment", &release.object("operator"));
+    let sa = release.object("operator");
+    wait_bindings_in_force(
+        &audit::service_account_user(&ns.name, &sa),
+        &[("watch", "fencedleases.fencing.dev", Some(&ns.name))],
+    );
+    let op = ChartOperator::start(
+        deployment,
+        &ns.name,
+        "operator-0",
+        &ns.service_account_kubeconfig(&sa),
+    );
+    op.wait_probes_pass(deployment).await;
+
+    let hooks = release.hooks();
+    let (pods, objects): (Vec<&Value>, Vec<&Value>) =
+        hooks.iter().partition(|h| h["kind"] == "Pod");
+    assert_eq!(pods.len(), 1, "one test pod");
+    for object in objects.iter().chain(&pods) {
+        assert_eq!(object["metadata"]["annotations"]["helm.sh/hook"], "test");
+        let out = ns.kubectl_apply(&object.to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pod_name = pods[0]["metadata"]["name"].as_str().expect("pod name");
+    let created = ns.api::<Pod>().get(pod_name).await.expect("the test pod");
+    let uid = created.metadata.uid.expect("uid");
+    let pod = &pods[0]["spec"];
+    let test_sa = pod["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    wait_bindings_in_force(
+        &audit::service_account_user(&ns.name, test_sa),
+        &[("create", "fencedleaseclaims.fencing.dev", Some(&ns.name))],
+    );
+    let command: Vec<String> = pod["containers"][0]["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| match a.as_str().expect("string") {
+            "/kubectl-fence" => env!("CARGO_BIN_EXE_kubectl-fence").to_string(),
+            a => a.to_string(),
+        })
+        .collect();
+    let token = run_ok(ns.kubectl().args([
+        "create",
+        "token",
+        test_sa,
+        "--bound-object-kind=Pod",
+        &format!("--bound-object-name={pod_name}"),
+        &format!("--bound-object-uid={uid}"),
+    ]));
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("KUBECONFIG", ns.kubeconfig_with_token(&token, test_sa));
+    for var in pod["containers"][0]["env"].as_array().expect("env") {
+        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.name") => pod_name.to_string(),
+            Some("metadata.uid") => uid.clone(),
+            Some("metadata.namespace") => ns.name.clone(),
+            other => panic!("the test does not know how to fill in {other:?}"),
+        };
+        cmd.env(var["name"].as_str().expect("name"), value);
+    }
+    let out = cmd.output().expect("run helm test's command");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helm test's command {command:?} failed: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lease = format!("{}-test", release.fullname);
+    assert!(
+        stdout.contains(&format!("{}/{lease}", ns.name))
+            && stdout.contains("Token:")
+            && stdout.contains(&format!("Holder:    {pod_name}")),
+        "kubectl fence status shows the test's lease granted to its pod:\n{stdout}"
+    );
+    ns.delete_lease(&lease).await;
+    drop(op);
 }

@@ -135,7 +135,7 @@ async fn row_guard_refuses_a_lower_token_and_accepts_an_equal_one() {
     );
     assert_eq!(
         negative.unwrap_err().to_string(),
-        "invalid fencing token -1: tokens are non-negative integers"
+        "invalid fencing token -1: tokens are integers from 0 to 9007199254740991 (2^53 - 1)"
     );
 }
 

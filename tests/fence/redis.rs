@@ -63,12 +63,41 @@ async fn stale_token_is_refused_and_equal_token_accepted() {
     // Tokens compare as integers, not as text ("10" > "9") and exactly past 2^53.
     set(&mut conn, &payout, "c", 10).await.unwrap();
     assert!(set(&mut conn, &payout, "stale", 9).await.is_err());
-    let big = 9_007_199_254_740_993; // 2^53 + 1: a double would round it to 2^53
-    set(&mut conn, &payout, "d", big).await.unwrap();
-    let just_below = set(&mut conn, &payout, "stale", big - 1).await;
+    let top = fenced_lease::api::MAX_TOKEN; // 2^53 - 1, the largest token a lease issues
+    set(&mut conn, &payout, "d", top).await.unwrap();
+    let just_below = set(&mut conn, &payout, "stale", top - 1).await;
     assert!(
         matches!(just_below, Err(Error::Fenced { .. })),
         "{just_below:?}"
+    );
+    let beyond = set(&mut conn, &payout, "e", top + 1).await;
+    assert!(
+        matches!(beyond, Err(Error::InvalidToken(_))),
+        "a token no lease issues is refused before any write: {beyond:?}"
+    );
+    // The library itself compares exactly past 2^53 (as text, not as doubles), for clients
+    // that send larger tokens: 2^53 + 1 and 2^53 + 2, which one double cannot tell apart.
+    let other = key("beyond");
+    let fcall = |token: &str| {
+        redis::cmd("FCALL")
+            .arg("fenced_set")
+            .arg(2)
+            .arg(&other)
+            .arg(fence_key(&other).unwrap())
+            .arg(token)
+            .arg("v")
+            .clone()
+    };
+    let _: () = fcall("9007199254740994")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lower: Result<(), _> = fcall("9007199254740993").query_async(&mut conn).await;
+    assert!(
+        lower
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("FENCED")),
+        "{lower:?}"
     );
 }
 

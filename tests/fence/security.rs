@@ -259,6 +259,18 @@ fn apply(ns: &TestNamespace, manifest: &str) {
     assert!(out.status.success(), "{}", common::cli::both(&out));
 }
 
+/// Role `role` with `rules` (YAML list items) in the test namespace, bound by RoleBinding
+/// `<sa>-<role>` to ServiceAccount `sa` of the namespace.
+fn grant(ns: &TestNamespace, role: &str, sa: &str, rules: &str) {
+    apply(
+        ns,
+        &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {role}}}\nrules:{rules}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {sa}-{role}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {role}}}\nsubjects: [{{kind: ServiceAccount, name: {sa}, namespace: {ns}}}]\n",
+            ns = ns.name
+        ),
+    );
+}
+
 /// Cluster-scoped objects a test created, deleted when it ends (passed or failed).
 #[derive(Default)]
 struct ClusterObjects(Vec<(&'static str, String)>);
@@ -583,43 +595,28 @@ async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override
     let _op = OperatorProcess::start(&ns.name, &[]);
     let pods = ns.app_pods(&["pa", "pb"]).await;
     let (pa, pb) = (&pods[0], &pods[1]);
-    apply(
+    grant(
         &ns,
-        &format!(
-            r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: lease-admin}}
-rules:
+        "lease-admin",
+        "app",
+        r#"
   - apiGroups: ["fencing.dev"]
     resources: ["fencedleases", "fencedleaseclaims"]
     verbs: ["*"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: app-lease-admin}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease-admin}}
-subjects: [{{kind: ServiceAccount, name: app, namespace: {ns}}}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: fence-exempt}}
-rules:
+"#,
+    );
+    grant(
+        &ns,
+        "fence-exempt",
+        "scaler",
+        r#"
   - apiGroups: ["fencing.dev"]
     resources: ["fencedleases"]
     verbs: ["override"]
   - apiGroups: [""]
     resources: ["configmaps"]
     verbs: ["get", "create", "update", "patch", "delete"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: scaler-fence-exempt}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: fence-exempt}}
-subjects: [{{kind: ServiceAccount, name: scaler, namespace: {ns}}}]
 "#,
-            ns = ns.name
-        ),
     );
     let scaler = ns.create_pod_as("scaler", "scaler").await;
     create_lease_as(
@@ -707,26 +704,15 @@ subjects: [{{kind: ServiceAccount, name: scaler, namespace: {ns}}}]
 async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_events() {
     let ns = TestNamespace::new("sec-author").await;
     ns.with_fence_policies().await;
-    apply(
+    grant(
         &ns,
-        &format!(
-            r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: lease-author}}
-rules:
+        "lease-author",
+        "tenant",
+        r#"
   - apiGroups: ["fencing.dev"]
     resources: ["fencedleases"]
     verbs: ["create", "get", "list", "watch"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: tenant-lease-author}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease-author}}
-subjects: [{{kind: ServiceAccount, name: tenant, namespace: {ns}}}]
 "#,
-            ns = ns.name
-        ),
     );
     let tenant = ns.client_as("tenant", None).await;
     wait_allowed(
@@ -785,26 +771,15 @@ subjects: [{{kind: ServiceAccount, name: tenant, namespace: {ns}}}]
     findings.finish();
 
     // Once the tenant may write ConfigMaps, it may fence them.
-    apply(
+    grant(
         &ns,
-        &format!(
-            r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: configmap-writer}}
-rules:
+        "configmap-writer",
+        "tenant",
+        r#"
   - apiGroups: [""]
     resources: ["configmaps"]
     verbs: ["create", "update", "patch", "delete"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: tenant-configmap-writer}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: configmap-writer}}
-subjects: [{{kind: ServiceAccount, name: tenant, namespace: {ns}}}]
 "#,
-            ns = ns.name
-        ),
     );
     for verb in ["create", "update", "patch", "delete"] {
         wait_allowed(&tenant, &ns.name, verb, "", "configmaps", None).await;

@@ -36,7 +36,7 @@ async fn i1_tokens_keep_growing_across_a_crd_reinstall() {
     let op = OperatorProcess::start(&ns.name, &["--all-namespaces"]);
     // Tokens far above the wall clock in ms (the other floor of a token): only the record
     // the finalizer keeps can carry them across the reinstall.
-    const MIN_TOKEN: i64 = 1 << 60;
+    const MIN_TOKEN: i64 = 1 << 51;
     ns.kubectl_apply(&format!(
         "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {{name: l}}\nspec: {{leaseDurationSeconds: 15, minToken: {MIN_TOKEN}}}\n"
     ));

@@ -117,7 +117,7 @@ async fn i1_a_damaged_token_record_stops_grants_until_repaired() {
     let _op = OperatorProcess::start(&ns.name, &[]);
     // A record far above the wall clock in ms (the other floor of a token), with a stray
     // newline: it must not be read as 0, nor overwritten.
-    const RECORDED: i64 = 1 << 60;
+    const RECORDED: i64 = 1 << 50;
     ns.kubectl_apply(&format!(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: fenced-lease-tokens.{}}}\ndata: {{l: \"{RECORDED}\\n\"}}\n",
         ns.name
@@ -162,7 +162,7 @@ async fn i1_a_damaged_token_record_stops_grants_until_repaired() {
 async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
     let ns = TestNamespace::new("i1-ahead").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    const RECORDED: i64 = 1 << 60;
+    const RECORDED: i64 = 1 << 50;
     let record = |value: &str| {
         format!(
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: fenced-lease-tokens.{}}}\ndata: {{l: \"{value}\"}}\n",
@@ -185,7 +185,7 @@ async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
 #[tokio::test]
 async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_contention() {
     const LEASES: usize = 300;
-    const BASE: i64 = 1 << 58; // above the wall clock in ms: only the record can carry it
+    const BASE: i64 = 1 << 48; // above the wall clock in ms: only the record can carry it
     let ns = TestNamespace::new("mass-delete").await;
     let op = OperatorProcess::start(&ns.name, &[]);
     let leases: Api<FencedLease> = ns.api();

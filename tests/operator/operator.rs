@@ -423,7 +423,7 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
 #[tokio::test]
 async fn i1_recreated_lease_and_raised_min_token_only_go_up() {
     // Far above the wall clock in ms, which is the other floor of a token.
-    const MIN_TOKEN: i64 = 1 << 60;
+    const MIN_TOKEN: i64 = 1 << 51;
     let ns = TestNamespace::new("op-recreate").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("l", 30);
@@ -575,7 +575,7 @@ async fn i8_garbage_input_gives_conditions_and_events_and_the_operator_keeps_wor
 
     // A hand-edited status naming a claim that does not exist is repaired: the lease goes
     // to a real claim, with a new token.
-    const FORGED: i64 = 1 << 59; // above the wall clock in ms, the other floor of a token
+    const FORGED: i64 = 1 << 49; // above the wall clock in ms, the other floor of a token
     let forged = json!({"status": {"holder": {"claim": "nobody", "claimUid": "0000", "identity": "nobody"}, "fencingToken": FORGED}});
     ns.api::<FencedLease>()
         .patch_status("real", &PatchParams::default(), &Patch::Merge(&forged))

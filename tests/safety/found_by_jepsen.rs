@@ -125,3 +125,88 @@ async fn a_recreated_lease_is_not_granted_before_the_old_holders_deadline() {
         a.time_left()
     );
 }
+
+/// A lease that fences a kind with a selector refuses no write to an object of that kind it
+/// does not select (I12), cluster-admin's or a pod's, while it still refuses a pod that does
+/// not hold it a selected one (I11). Found by the collateral check of the safety suite (seed
+/// 3801, short profile, on ccbf71f): its lease `d` fences Secrets with a selector, and every
+/// write to a Secret `d` does not select was refused, 422 `... resulted in error: no such key:
+/// subResource`: the selector's match condition in the lease's kinds policy reads
+/// `request.subResource`, which a request without a subresource does not have, so the
+/// condition fails to evaluate and the policy (`failurePolicy: Fail`) refuses the write.
+#[tokio::test]
+async fn a_selector_fence_refuses_no_write_to_an_object_it_does_not_select() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams};
+
+    let ns = TestNamespace::new("selector-collateral").await;
+    ns.with_fence_policies().await;
+    let pods = ns.app_pods(&["other"]).await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let out = ns.kubectl_apply(
+        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {name: books}\nspec:\n  leaseDurationSeconds: 5\n  fence:\n    resources: [{resource: configmaps}]\n    selector: {matchLabels: {app: books}}\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config_map = |name: &str, app: &str| -> ConfigMap {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "data": {"k": "v"},
+        }))
+        .unwrap()
+    };
+    let admin = ns.api::<ConfigMap>();
+    admin
+        .create(&PostParams::default(), &config_map("selected", "books"))
+        .await
+        .expect("the admin creates a selected ConfigMap");
+    let as_pod: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(&pods[0]).await, &ns.name);
+    let patch =
+        |n: u32| kube::api::Patch::Merge(serde_json::json!({"data": {"k": format!("v{n}")}}));
+
+    // The lease's fence is in force: the pod, which does not hold it, is refused the
+    // selected ConfigMap.
+    let mut n = 0;
+    let refused = wait_for("the pod refused the selected ConfigMap", WAIT, || {
+        n += 1;
+        let (as_pod, patch) = (as_pod.clone(), patch(n));
+        async move {
+            match as_pod
+                .patch("selected", &PatchParams::default(), &patch)
+                .await
+            {
+                Err(kube::Error::Api(e)) if e.code != 404 => Some(e.message),
+                _ => None,
+            }
+        }
+    })
+    .await;
+
+    // Nothing else of the kind is refused, to anyone.
+    let mut refusals = vec![];
+    match admin
+        .create(&PostParams::default(), &config_map("other", "web"))
+        .await
+    {
+        Ok(_) => {
+            for (who, api) in [("cluster-admin", &admin), ("pod other", &as_pod)] {
+                if let Err(e) = api.patch("other", &PatchParams::default(), &patch(0)).await {
+                    refusals.push(format!("{who}'s patch of ConfigMap other: {e}"));
+                }
+            }
+        }
+        Err(e) => refusals.push(format!("cluster-admin's create of ConfigMap other: {e}")),
+    }
+    assert!(
+        refusals.is_empty(),
+        "lease books fences ConfigMaps labelled app=books only, yet refused writes to ConfigMap other (app=web):\n{}",
+        refusals.join("\n")
+    );
+    assert!(
+        refused.contains("does not hold"),
+        "the pod was refused the selected ConfigMap, but not by the identity rule: {refused}"
+    );
+}

@@ -390,6 +390,7 @@ fn a_refused_write_that_was_applied_is_caught() {
             id: "holder-0.0#1".into(),
             highest: 101,
             not_holder: None,
+            refusal: None,
         },
     )
     .log(3_001, Resource::Redis, "ns:{a}", &[(100, "holder-0.0#1")]);
@@ -614,6 +615,7 @@ fn refused_by_identity(id: &str) -> Event {
         id: id.into(),
         highest: 0,
         not_holder: Some("Scale ns/jepsen-a (scale): pod holder-0.0 does not hold FencedLease ns/a (pod holder-1.0 holds it)".into()),
+        refusal: None,
     }
 }
 
@@ -786,4 +788,148 @@ fn writes_while_the_lease_is_deleted_are_not_judged() {
             && message.contains("the first grant since the lease was deleted and created again"),
         "{message}"
     );
+}
+
+// ---- collateral (I12) and fence edits ----
+
+impl History {
+    /// The collateral writer writes ConfigMap `free` at `ms`, answered 5 ms later with `answer`.
+    fn unfenced(&mut self, ms: u64, id: &str, answer: Event) -> &mut Self {
+        self.at(
+            ms,
+            "collateral",
+            Event::WriteAttempt {
+                id: id.into(),
+                resource: Resource::Unfenced,
+                key: "configmaps/jepsen-free-0".into(),
+                lease: String::new(),
+                token: 0,
+                how: Some("merge patch as cluster-admin".into()),
+            },
+        )
+        .at(ms + 5, "collateral", answer)
+    }
+
+    fn fault(&mut self, from: u64, to: u64, kind: FaultKind) -> &mut Self {
+        self.at(
+            from,
+            "nemesis",
+            Event::FaultStart {
+                kind,
+                detail: String::new(),
+                target: None,
+                lease: None,
+            },
+        )
+        .at(
+            to,
+            "nemesis",
+            Event::FaultEnd {
+                kind,
+                detail: String::new(),
+            },
+        )
+    }
+}
+
+fn refused_with(id: &str, refusal: &str) -> Event {
+    Event::WriteRefused {
+        id: id.into(),
+        highest: 0,
+        not_holder: None,
+        refusal: Some(refusal.into()),
+    }
+}
+
+const LEFT_BEHIND: &str = "422 Invalid: configmaps \"jepsen-free-0\" is forbidden: ValidatingAdmissionPolicy 'fenced-lease-kinds.ns.d' with binding 'fenced-lease-kinds.ns.d' denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
+const UNCONFIGURED: &str = "422 Invalid: configmaps \"jepsen-free-0\" is forbidden: ValidatingAdmissionPolicy 'fenced-lease-kinds.ns.d' denied request: failed to configure policy: failed to find resource referenced by paramKind: 'fencing.dev/v1alpha1, Kind=FencedLease'";
+
+/// Deliberate fault: a binding a deleted lease left behind refuses cluster-admin's write to an
+/// object no lease fences (issue 38, item 5).
+#[test]
+fn a_refused_write_that_no_lease_fences_is_caught() {
+    let mut h = clean();
+    h.unfenced(400, "collateral#0", accepted("collateral#0"))
+        .unfenced(
+            600,
+            "collateral#1",
+            refused_with("collateral#1", LEFT_BEHIND),
+        );
+    let report = h.check();
+    let message = only(&report, Kind::Collateral);
+    assert!(message.contains("configmaps/jepsen-free-0"), "{message}");
+    assert!(
+        message.contains("parameterNotFoundAction: Deny"),
+        "{message}"
+    );
+    assert_eq!(report.collateral.answered, 2);
+    assert_eq!(report.collateral.refused, 1);
+    assert_eq!(report.writes[&Resource::Unfenced].refused, 1);
+    assert!(report.to_string().contains("collateral-refusal"));
+}
+
+/// The apiserver not there (no answer, 503) is no refusal; `failed to configure policy` is
+/// put down to a restart within its grace, and counted as a violation outside it.
+#[test]
+fn collateral_writes_during_a_control_plane_restart_are_told_apart() {
+    let mut h = clean();
+    h.fault(100, 200, FaultKind::RestartApiserver)
+        .unfenced(
+            150,
+            "collateral#0",
+            Event::WriteFailed {
+                id: "collateral#0".into(),
+                error:
+                    "503 ServiceUnavailable: the server is currently unable to handle the request"
+                        .into(),
+            },
+        )
+        .unfenced(
+            250,
+            "collateral#1",
+            refused_with("collateral#1", UNCONFIGURED),
+        );
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.collateral.unconfigured, 1);
+    assert_eq!(report.writes[&Resource::Unfenced].failed, 1);
+
+    let grace = checker::RESTART_GRACE / MS;
+    h.unfenced(
+        200 + grace + 1_000,
+        "collateral#2",
+        refused_with("collateral#2", UNCONFIGURED),
+    );
+    let message = only(&h.check(), Kind::Collateral);
+    assert!(message.contains("cannot configure"), "{message}");
+}
+
+/// Deliberate fault: the apiserver accepts a fence edit the schema must refuse (issue 38,
+/// item 6); refused ones and a valid one accepted pass.
+#[test]
+fn an_invalid_fence_accepted_is_caught() {
+    let edit = |invalid: bool, accepted: bool| Event::FenceEdit {
+        lease: "a".into(),
+        edit: "spec.fence: selector operator \"in\" (for In)".into(),
+        invalid,
+        accepted,
+        answer: if accepted {
+            "accepted (resourceVersion 7)".into()
+        } else {
+            "422 Invalid: spec.fence.selector.matchExpressions[0].operator: Unsupported value"
+                .into()
+        },
+        in_force: (!invalid && accepted).then_some(true),
+    };
+    let mut h = clean();
+    h.at(500, "nemesis", edit(true, false))
+        .at(600, "nemesis", edit(false, true));
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.fence_edits.invalid_refused, 1);
+    assert_eq!(report.fence_edits.in_force, 1);
+
+    h.at(700, "nemesis", edit(true, true));
+    let message = only(&h.check(), Kind::InvalidFenceAccepted);
+    assert!(message.contains("operator \"in\""), "{message}");
 }

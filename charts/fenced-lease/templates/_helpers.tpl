@@ -17,14 +17,19 @@
 {{- end }}
 {{- end }}
 
-{{/* Labels of every object. */}}
+{{/*
+Labels of every object: the chart's own and commonLabels, where the chart's own win
+(app.kubernetes.io/component is the templates' to set).
+*/}}
 {{- define "fenced-lease.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/name: {{ include "fenced-lease.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: fenced-lease
+{{- $own := dict
+  "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-")
+  "app.kubernetes.io/name" (include "fenced-lease.name" .)
+  "app.kubernetes.io/instance" .Release.Name
+  "app.kubernetes.io/version" .Chart.AppVersion
+  "app.kubernetes.io/managed-by" .Release.Service
+  "app.kubernetes.io/part-of" "fenced-lease" }}
+{{- toYaml (merge $own (omit (.Values.commonLabels | default dict) "app.kubernetes.io/component")) }}
 {{- end }}
 
 {{/* Selector of the operator's pods. */}}
@@ -46,11 +51,14 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* registry/repository:tag, or registry/repository@digest; no registry: repository alone. */}}
 {{- define "fenced-lease.image" -}}
+{{- $name := .Values.image.repository }}
+{{- with .Values.image.registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $name .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 

@@ -142,9 +142,17 @@ func enumDrift(path string, schema map[string]any, typ reflect.Type) []string {
 		want = append(want, fmt.Sprint(e))
 	}
 	var have []string
-	if typ == reflect.TypeOf(ClaimPhase("")) {
+	switch typ {
+	case reflect.TypeOf(ClaimPhase("")):
 		for _, p := range ClaimPhases {
 			have = append(have, string(p))
+		}
+	case reflect.TypeOf(metav1.LabelSelectorOperator("")):
+		// The operators metav1 knows, which the CRD's schema of spec.fence.selector lists.
+		for _, o := range []metav1.LabelSelectorOperator{
+			metav1.LabelSelectorOpIn, metav1.LabelSelectorOpNotIn, metav1.LabelSelectorOpExists, metav1.LabelSelectorOpDoesNotExist,
+		} {
+			have = append(have, string(o))
 		}
 	}
 	if strings.Join(want, ",") != strings.Join(have, ",") {

@@ -119,6 +119,9 @@ func (t *Table) Enable(ctx context.Context, db DB) error {
 // one UPDATE whose fence_token = fenced_lease.accept(fence_token, token). The row must exist
 // (ErrNoRow); a lower token is *fence.Fenced.
 func (t *Table) Update(ctx context.Context, db DB, key []any, set map[string]any, token int64) error {
+	if err := fence.CheckToken(token); err != nil {
+		return err
+	}
 	if len(key) != len(t.keys) {
 		return fmt.Errorf("%s is keyed by %d column(s), got %d value(s)", t.name, len(t.keys), len(key))
 	}

@@ -98,8 +98,8 @@ func Set(ctx context.Context, rdb goredis.Cmdable, key, value string, token int6
 }
 
 func fcall(ctx context.Context, rdb goredis.Cmdable, function, key string, token int64, args []any) (any, error) {
-	if token < 0 {
-		return nil, fmt.Errorf("%w %d", fence.ErrInvalidToken, token)
+	if err := fence.CheckToken(token); err != nil {
+		return nil, err
 	}
 	fk, err := FenceKey(key)
 	if err != nil {

@@ -5,23 +5,11 @@ import (
 	"fmt"
 	"os"
 	"sync"
-
-	"golang.org/x/sys/unix"
 )
 
 // event is one history entry's fields: "ev" names it, in kebab-case, with its fields as the
 // suite's history.rs spells them.
 type event map[string]any
-
-// monotonic is nanoseconds on CLOCK_MONOTONIC: the clock every process of the run stamps
-// its history with, so that the checker can merge them.
-func monotonic() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic(fmt.Sprintf("CLOCK_MONOTONIC: %v", err))
-	}
-	return uint64(ts.Nano())
-}
 
 // recorder appends entries to the process's history file, one write per line, unbuffered,
 // so that a process killed with SIGKILL loses nothing it recorded.

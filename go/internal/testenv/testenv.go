@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
-	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -33,7 +33,35 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-func init() { ctrllog.SetLogger(logr.Discard()) }
+// controller-runtime's root logger (ctrl.Log) writes into Logged's memory, not the output.
+func init() {
+	ctrllog.SetLogger(funcr.New(func(prefix, args string) {
+		logged.Lock()
+		defer logged.Unlock()
+		if len(logged.lines) == 1000 {
+			logged.lines = logged.lines[1:]
+		}
+		logged.lines = append(logged.lines, prefix+" "+args)
+	}, funcr.Options{}))
+}
+
+var logged struct {
+	sync.Mutex
+	lines []string
+}
+
+// Logged reports whether one of the last 1000 lines written to controller-runtime's root
+// logger (ctrl.Log) contains s.
+func Logged(s string) bool {
+	logged.Lock()
+	defer logged.Unlock()
+	for _, l := range logged.lines {
+		if strings.Contains(l, s) {
+			return true
+		}
+	}
+	return false
+}
 
 // APITimeout bounds every API call the harness makes.
 const APITimeout = 20 * time.Second

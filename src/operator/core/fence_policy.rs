@@ -9,8 +9,10 @@
 //! whatever its bindings say (`failurePolicy: Fail`). Kinds fenced without a label can only be
 //! matched by kind, and a shared policy would have to match every namespaced kind: each start
 //! of an apiserver would then refuse the whole cluster's writes, node leases and leader
-//! elections included. A policy per lease refuses only what its lease fences, which is
-//! refused anyway when in doubt.
+//! elections included. A policy per lease refuses only the kinds its lease fences, in its
+//! namespace, which are refused anyway when in doubt. With a selector, that is every object of
+//! those kinds there: the selector is a match condition, which the apiserver does not reach
+//! while it cannot resolve the params kind (an `objectSelector` could not match a `scale`).
 
 use std::sync::LazyLock;
 
@@ -86,7 +88,8 @@ pub fn desired_kinds_policy(
 /// replaces or deletes) has labels that match, as a binding's `objectSelector` would match
 /// them; or the write is to a subresource other than `status`, whose request carries no labels
 /// of the object (`scale`, `eviction`): those are fenced for every object of the kind, since
-/// the apiserver cannot tell which object's labels they concern.
+/// the apiserver cannot tell which object's labels they concern. (A request to no subresource
+/// has no `subResource` at all.)
 pub fn selected(selector: &LabelSelector) -> String {
     let mut rules: Vec<String> = Vec::new();
     for (key, value) in selector.match_labels.iter().flatten() {
@@ -112,7 +115,7 @@ pub fn selected(selector: &LabelSelector) -> String {
         rules.join(" && ")
     };
     format!(
-        "!(request.subResource in ['', 'status']) || [object, oldObject].exists(o, o != null && {matches})"
+        "(has(request.subResource) && !(request.subResource in ['', 'status'])) || [object, oldObject].exists(o, o != null && {matches})"
     )
 }
 
@@ -265,7 +268,9 @@ mod tests {
         .unwrap();
         let condition = selected(&selector);
         assert!(
-            condition.starts_with("!(request.subResource in ['', 'status']) || "),
+            condition.starts_with(
+                "(has(request.subResource) && !(request.subResource in ['', 'status'])) || "
+            ),
             "{condition}"
         );
         for part in [

@@ -128,9 +128,14 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // failed. A lease whose fence could not be put in place grants no one (I12: fail closed,
     // condition Held=False FenceNotInForce); its holder keeps its term and expiries and
     // releases go on. The error is returned once they are done (Event, metric, retry).
+    let asks = lease.spec.fence_objects || lease.spec.fence.is_some();
     let fenced = fence_bindings::sync(ctx, &lease)
         .await
-        .map_err(|e| Error::Fence(Box::new(e)));
+        .map_err(|e| match asks {
+            true => Error::Fence(Box::new(e)),
+            // Only a binding it no longer asks for is left: it fences more, never less.
+            false => e,
+        });
     if let Some(in_force) = fence_bindings::settling(ctx, &lease) {
         return Ok(Action::requeue(
             in_force.saturating_duration_since(Instant::now()),
@@ -139,6 +144,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     let unfenced = fenced
         .as_ref()
         .err()
+        .filter(|_| asks)
         .map(|e| truncate(&e.to_string(), 1024).to_string());
 
     let written = match write_lease_status(ctx, &api, (*lease).clone(), unfenced.as_deref()).await {

@@ -23,7 +23,19 @@
 //!   shows the lease had moved on (I11; the rule in [`crate::stale`]);
 //! - **liveness**: a holder killed (or cut off) while another process waited is followed by a
 //!   grant of its lease within the term + [`Config::liveness_bound`] (I3), when no other fault
-//!   overlaps.
+//!   overlaps;
+//! - **collateral-refusal**: the apiserver refused a write to an object no existing lease
+//!   fences ([`Resource::Unfenced`]: the collateral writer's, as cluster-admin and as a pod
+//!   that holds nothing; and what a lease fenced, written while it was gone) (I12: nothing the
+//!   operator leaves behind refuses a write no existing lease fences). The rule that tells a
+//!   refusal from an apiserver that is not there is the writer's
+//!   ([`crate::collateral::classify`]): a status the apiserver answers with is a refusal,
+//!   except 404/409 (not applied) and 429/5xx whose message does not come from admission;
+//!   no answer is no refusal. One refusal is not counted, only reported: `failed to configure
+//!   policy` (the apiserver cannot resolve a policy's params kind yet, kubernetes#124237)
+//!   from the start of a restart of the apiserver or etcd to [`RESTART_GRACE`] after its end;
+//! - **invalid-fence-accepted**: the apiserver accepted an edit of a lease's `spec.fence` that
+//!   the schema must refuse (I8, I12; the nemesis's `invalid-fence` fault).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -62,6 +74,11 @@ impl Default for Config {
 /// deleted (ns).
 const DELETION_HEARD_WITHIN: u64 = 5_000_000_000;
 
+/// How long after a restart of the apiserver (or etcd) ends a collateral write refused with
+/// `failed to configure policy` is put down to the apiserver not having discovered the
+/// FencedLease CRD yet (kubernetes#124237; up to 30 s, README) and not counted (ns).
+pub const RESTART_GRACE: u64 = 45_000_000_000;
+
 /// The kinds of violation, in the order the table lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
@@ -75,10 +92,12 @@ pub enum Kind {
     AcceptedWriteMissing,
     StaleWriter,
     Liveness,
+    Collateral,
+    InvalidFenceAccepted,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 12] = [
         Kind::TokenIssuedTwice,
         Kind::GrantOrder,
         Kind::OverlappingHolders,
@@ -89,6 +108,8 @@ impl Kind {
         Kind::AcceptedWriteMissing,
         Kind::StaleWriter,
         Kind::Liveness,
+        Kind::Collateral,
+        Kind::InvalidFenceAccepted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -103,6 +124,8 @@ impl Kind {
             Kind::AcceptedWriteMissing => "accepted-write-missing",
             Kind::StaleWriter => "stale-writer",
             Kind::Liveness => "liveness",
+            Kind::Collateral => "collateral-refusal",
+            Kind::InvalidFenceAccepted => "invalid-fence-accepted",
         }
     }
 }
@@ -124,6 +147,34 @@ pub struct Writes {
     pub accepted: usize,
     pub refused: usize,
     pub failed: usize,
+}
+
+/// What happened to the writes no lease fences (I12).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Collateral {
+    /// Answered (accepted or refused), by cluster-admin and by a pod.
+    pub answered: usize,
+    pub refused: usize,
+    /// Refused with `failed to configure policy` within a control-plane restart's grace: not
+    /// counted as violations.
+    pub unconfigured: usize,
+    /// Refusals by cause ([`refusal_cause`]).
+    pub causes: BTreeMap<&'static str, usize>,
+}
+
+/// The nemesis's edits of `spec.fence`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FenceEdits {
+    pub invalid: usize,
+    /// Refused by the apiserver (a 4xx answer), and not answered at all.
+    pub invalid_refused: usize,
+    pub invalid_unanswered: usize,
+    pub valid: usize,
+    pub valid_accepted: usize,
+    /// Valid edits accepted, which the operator put in place within the nemesis's wait, and
+    /// those it did not.
+    pub in_force: usize,
+    pub not_in_force: usize,
 }
 
 /// What the checker found.
@@ -169,6 +220,8 @@ pub struct Report {
     pub closest_handover: Option<i64>,
     /// The hand-overs it is the smallest of: (gap, the earlier holder's claim).
     handovers: Vec<(i64, String)>,
+    pub collateral: Collateral,
+    pub fence_edits: FenceEdits,
 }
 
 impl Report {
@@ -298,6 +351,29 @@ impl fmt::Display for Report {
             f,
             "hand-over without a release: a library holder's first token() = Ok came at least {} after the previous holder's last",
             self.closest_handover.map_or("-".into(), millis),
+        )?;
+        let c = &self.collateral;
+        writeln!(
+            f,
+            "collateral (I12): {} answered writes to objects no lease fences (cluster-admin, a pod that holds nothing), {} refused: {} violations, {} with `failed to configure policy` within {:.0} s of a control-plane restart (kubernetes#124237, not counted); causes: {:?}",
+            c.answered,
+            c.refused,
+            c.refused - c.unconfigured,
+            c.unconfigured,
+            RESTART_GRACE as f64 / 1e9,
+            c.causes,
+        )?;
+        let e = &self.fence_edits;
+        writeln!(
+            f,
+            "fence edits: {} invalid, {} of them refused at admission ({} not answered); {} valid, {} accepted, put in place by the operator {} (not within the nemesis's wait: {})",
+            e.invalid,
+            e.invalid_refused,
+            e.invalid_unanswered,
+            e.valid,
+            e.valid_accepted,
+            e.in_force,
+            e.not_in_force,
         )
     }
 }
@@ -318,6 +394,8 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
     fences(&entries, &mut report);
     stale::check(&entries, config, &mut report);
     liveness(&entries, config, &mut report);
+    collateral(&entries, &mut report);
+    fence_edits(&entries, &mut report);
     report.violations.sort_by_key(|v| v.at);
     // The margin expiry leaves.
     report.closest_handover = report.handovers.iter().map(|(gap, _)| *gap).min();
@@ -538,14 +616,11 @@ fn holders(entries: &[&Entry], r: &mut Report) {
     for e in entries {
         match &e.ev {
             Event::FaultStart {
-                kind: FaultKind::RecreateLease | FaultKind::DeleteTokenRecords,
+                kind,
                 lease: Some(lease),
                 ..
-            } => lease_faults.push((lease, e.t, u64::MAX)),
-            Event::FaultEnd {
-                kind: FaultKind::RecreateLease | FaultKind::DeleteTokenRecords,
-                ..
-            } => {
+            } if kind.deletes_lease() => lease_faults.push((lease, e.t, u64::MAX)),
+            Event::FaultEnd { kind, .. } if kind.deletes_lease() => {
                 if let Some(open) = lease_faults.last_mut().filter(|f| f.2 == u64::MAX) {
                     open.2 = e.t + DELETION_HEARD_WITHIN;
                 }
@@ -1012,4 +1087,135 @@ fn live_waiter(entries: &[&Entry], lease: &str, killed: &str, t: u64) -> bool {
         }
     }
     !waiting.is_empty()
+}
+
+/// What refused a write no lease fences, in a few words (from the apiserver's message).
+pub fn refusal_cause(refusal: &str) -> &'static str {
+    if refusal.contains("no params found") {
+        "a binding whose lease is gone (parameterNotFoundAction: Deny)"
+    } else if refusal.contains("failed to configure policy") {
+        "a policy the apiserver cannot configure (its params kind)"
+    } else if refusal.contains("resulted in error") {
+        "an expression of a policy that fails to evaluate"
+    } else if refusal.contains("does not hold") {
+        "the identity rule (does not hold)"
+    } else if refusal.contains("fencing.dev/token") {
+        "the token rule"
+    } else if refusal.contains("denied request") || refusal.contains("ValidatingAdmissionPolicy") {
+        "another admission policy"
+    } else {
+        "other (not admission)"
+    }
+}
+
+/// collateral-refusal: every refusal of a write no lease fences, but `failed to configure
+/// policy` from the start of a control-plane restart to [`RESTART_GRACE`] after its end.
+fn collateral(entries: &[&Entry], r: &mut Report) {
+    let mut restarts: Vec<(u64, u64)> = vec![];
+    for e in entries {
+        match &e.ev {
+            Event::FaultStart {
+                kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
+                ..
+            } => restarts.push((e.t, u64::MAX)),
+            Event::FaultEnd {
+                kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
+                ..
+            } => {
+                if let Some(open) = restarts.last_mut().filter(|w| w.1 == u64::MAX) {
+                    open.1 = e.t.saturating_add(RESTART_GRACE);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut sent: HashMap<&str, (&str, &str, Option<&str>, u64)> = HashMap::new();
+    for e in entries {
+        match &e.ev {
+            Event::WriteAttempt {
+                id,
+                resource: Resource::Unfenced,
+                key,
+                how,
+                ..
+            } => {
+                sent.insert(id, (&e.p, key, how.as_deref(), e.t));
+            }
+            Event::WriteAccepted { id, .. } if sent.contains_key(id.as_str()) => {
+                r.collateral.answered += 1;
+            }
+            Event::WriteRefused { id, refusal, .. } => {
+                let Some(&(process, key, how, at)) = sent.get(id.as_str()) else {
+                    continue;
+                };
+                let refusal = refusal.as_deref().unwrap_or("(no message recorded)");
+                r.collateral.answered += 1;
+                r.collateral.refused += 1;
+                let cause = refusal_cause(refusal);
+                *r.collateral.causes.entry(cause).or_default() += 1;
+                let restarting = restarts.iter().any(|&(from, to)| at >= from && at <= to);
+                if restarting && refusal.contains("failed to configure policy") {
+                    r.collateral.unconfigured += 1;
+                    continue;
+                }
+                r.violations.push(Violation {
+                    claims: vec![],
+                    kind: Kind::Collateral,
+                    at,
+                    message: format!(
+                        "{key}: write {id} of {process} ({}), which no existing lease fences, sent at {} and refused at {}: {refusal} (I12: nothing the operator leaves behind may refuse a write no existing lease fences; cause: {cause})",
+                        how.unwrap_or("-"),
+                        secs(r.start, at),
+                        secs(r.start, e.t),
+                    ),
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// invalid-fence-accepted, and the figures of [`FenceEdits`].
+fn fence_edits(entries: &[&Entry], r: &mut Report) {
+    for e in entries {
+        let Event::FenceEdit {
+            lease,
+            edit,
+            invalid,
+            accepted,
+            answer,
+            in_force,
+        } = &e.ev
+        else {
+            continue;
+        };
+        let counts = &mut r.fence_edits;
+        if *invalid {
+            counts.invalid += 1;
+            if !accepted {
+                if answer.starts_with('4') {
+                    counts.invalid_refused += 1;
+                } else {
+                    counts.invalid_unanswered += 1;
+                }
+                continue;
+            }
+            r.violations.push(Violation {
+                claims: vec![],
+                kind: Kind::InvalidFenceAccepted,
+                at: e.t,
+                message: format!(
+                    "lease {lease}: the apiserver accepted {edit} ({answer}): a fence spec the schema must refuse (I8: bad input is refused at admission; I12: a fence that cannot be in force)"
+                ),
+            });
+        } else {
+            counts.valid += 1;
+            counts.valid_accepted += usize::from(*accepted);
+            match in_force {
+                Some(true) => counts.in_force += 1,
+                Some(false) => counts.not_in_force += 1,
+                None => {}
+            }
+        }
+    }
 }

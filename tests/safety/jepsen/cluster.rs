@@ -3,7 +3,8 @@
 //! PostgreSQL table and its log, two operator replicas (leader election on, each behind its
 //! own loopback proxy so that it alone can be cut off), the holder processes (restarted when
 //! they die, as a Deployment would, each as a pod of its own), and the observer that records
-//! every state of the leases and of the fenced objects a watch delivers.
+//! every state of the leases and of the fenced objects a watch delivers. Besides, lease `d`,
+//! which nobody claims, and the collateral writer ([`crate::collateral`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::broadcast;
 
+use crate::collateral::{self, Collateral, FENCE_ONLY};
 use crate::common::proxy::Proxy;
 use crate::common::{TestNamespace, control_plane};
 use crate::history::{Event, LogEntry, Recorder, Resource, Target};
@@ -152,6 +154,8 @@ pub struct Cluster {
     pub postgres: String,
     pub redis: String,
     pub seed: u64,
+    /// The writers of what no lease fences (I12).
+    pub collateral: Collateral,
     /// This run's own links to the operator and `kubectl-fence` binaries.
     operator: PathBuf,
     kubectl_fence: PathBuf,
@@ -171,6 +175,8 @@ impl Cluster {
         std::fs::create_dir_all(run_dir.join("pids")).expect("pids dir");
 
         let pods = Pods::setup(&ns, &run_dir.join("kubeconfigs")).await;
+        // Before lease d exists, so that setting up asks nothing of its fence.
+        let collateral = Collateral::setup(&ns, &pods).await;
         for (lease, duration) in LEASES {
             create_lease(&ns, lease, duration).await;
             let workloads = workload::api(ns.client.clone(), &ns.name, lease);
@@ -196,6 +202,7 @@ impl Cluster {
                 .await
                 .expect("create the fenced ConfigMap");
         }
+        create_lease(&ns, FENCE_ONLY, 3).await;
         let pg = postgres(&stores.postgres).await;
         let table = pg_table(&ns.name);
         pg.batch_execute(&format!(
@@ -233,6 +240,7 @@ impl Cluster {
             postgres: stores.postgres.clone(),
             redis: stores.redis.clone(),
             seed,
+            collateral,
             operator,
             kubectl_fence,
             go_holder,
@@ -241,6 +249,14 @@ impl Cluster {
             observer: vec![],
         };
         cluster.observe();
+        let writer = cluster.collateral.spawn(
+            Arc::new(Recorder::create(
+                &run_dir.join("collateral.jsonl"),
+                "collateral",
+            )),
+            cluster.stopping.clone(),
+        );
+        cluster.tasks.push(writer);
         for i in 0..2 {
             let name = format!("op-{i}");
             let proxy = Proxy::start(&cluster.ns).await;
@@ -760,8 +776,22 @@ async fn postgres(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// `spec.fence` of lease `name`: its workload kind ([`FENCE_ONLY`]: Secrets, with a selector).
+pub fn fence_of(name: &str) -> serde_json::Value {
+    if name == FENCE_ONLY {
+        collateral::fence_only_fence()
+    } else {
+        workload::fence_spec(name)
+    }
+}
+
+/// Every lease of a run: those held, and [`FENCE_ONLY`].
+pub fn all_leases() -> Vec<(&'static str, i32)> {
+    LEASES.into_iter().chain([(FENCE_ONLY, 3)]).collect()
+}
+
 /// Creates (or re-creates) lease `name` with `duration`, fencing the objects labelled with it
-/// and its workload kind.
+/// and its kind ([`fence_of`]).
 pub async fn create_lease(ns: &TestNamespace, name: &str, duration: i32) {
     let lease: FencedLease = serde_json::from_value(serde_json::json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
@@ -769,7 +799,7 @@ pub async fn create_lease(ns: &TestNamespace, name: &str, duration: i32) {
         "spec": {
             "leaseDurationSeconds": duration,
             "fenceObjects": true,
-            "fence": workload::fence_spec(name),
+            "fence": fence_of(name),
         },
     }))
     .expect("lease object");

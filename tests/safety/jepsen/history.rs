@@ -41,6 +41,11 @@ pub enum Resource {
     /// scale, metadata, deletion and creation, written unstamped, so that only the writer's
     /// pod identity fences them (I11).
     Workload,
+    /// An object no lease fences (I12): ConfigMaps and Secrets outside every lease's label,
+    /// kinds and selector, written by the collateral writer as cluster-admin and as a pod
+    /// that holds nothing; and, while a lease is gone, what it fenced. Any refusal of such a
+    /// write is collateral (see the checker's `collateral`).
+    Unfenced,
 }
 
 impl Resource {
@@ -57,12 +62,13 @@ impl Resource {
             Resource::Postgres => "PostgreSQL row",
             Resource::Redis => "Redis key",
             Resource::Workload => "workload fenced by kind",
+            Resource::Unfenced => "object no lease fences",
         }
     }
 
     /// Does the resource order writes by their token? (A workload's writes carry none.)
     pub fn checks_tokens(self) -> bool {
-        self != Resource::Workload
+        !matches!(self, Resource::Workload | Resource::Unfenced)
     }
 
     /// Does the apiserver fence the writes by the writer's pod (I11)?
@@ -97,10 +103,16 @@ pub enum FaultKind {
     RecreateLease,
     DeleteTokenRecords,
     LowerDuration,
+    /// A lease deleted with its finalizer stripped (`metadata.finalizers: null`, then
+    /// delete), and created again.
+    StripFinalizer,
+    /// A lease's fence edited to something invalid (refused at admission), and to something
+    /// valid the operator may not manage to put in place; then its own fence put back.
+    InvalidFence,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::PauseHolder,
         FaultKind::KillHolder,
         FaultKind::PartitionHolder,
@@ -113,6 +125,8 @@ impl FaultKind {
         FaultKind::RecreateLease,
         FaultKind::DeleteTokenRecords,
         FaultKind::LowerDuration,
+        FaultKind::StripFinalizer,
+        FaultKind::InvalidFence,
     ];
 
     pub fn name(self) -> &'static str {
@@ -129,7 +143,18 @@ impl FaultKind {
             FaultKind::RecreateLease => "recreate-lease",
             FaultKind::DeleteTokenRecords => "delete-token-records",
             FaultKind::LowerDuration => "lower-duration",
+            FaultKind::StripFinalizer => "strip-finalizer",
+            FaultKind::InvalidFence => "invalid-fence",
         }
+    }
+
+    /// Does the fault delete a lease (and create it again)? Its holders then lose it by the
+    /// administrator's act, and what it fenced is fenced by no one for a while.
+    pub fn deletes_lease(self) -> bool {
+        matches!(
+            self,
+            FaultKind::RecreateLease | FaultKind::DeleteTokenRecords | FaultKind::StripFinalizer
+        )
     }
 }
 
@@ -234,6 +259,10 @@ pub enum Event {
         highest: i64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         not_holder: Option<String>,
+        /// Any other refusal: the apiserver's status code and message (writes no lease
+        /// fences, [`Resource::Unfenced`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refusal: Option<String>,
     },
     /// No answer (timeout, connection lost): it may or may not have been applied.
     WriteFailed {
@@ -285,6 +314,20 @@ pub enum Event {
     FaultEnd {
         kind: FaultKind,
         detail: String,
+    },
+    /// An edit of a lease's `spec.fence` by the nemesis (cluster-admin), and how the apiserver
+    /// answered: `invalid` edits must be refused at admission (I8, I12); a valid one is
+    /// accepted, and `in_force` says whether the operator then put it in place (`None`: not
+    /// asked, or no answer), as the lease's `Held` condition said.
+    FenceEdit {
+        lease: String,
+        edit: String,
+        invalid: bool,
+        accepted: bool,
+        /// The apiserver's answer: `accepted`, or the status code and message.
+        answer: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_force: Option<bool>,
     },
     /// `pod`: the UID of the pod a holder process runs as (its token is bound to it).
     Spawned {

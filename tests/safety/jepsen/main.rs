@@ -5,9 +5,12 @@
 //! deletes, through the client and plain `kubectl` — to a workload their lease fences by kind,
 //! which only the writer's pod identity fences (I11). Meanwhile a nemesis pauses and kills
 //! holders, kills, pauses and partitions the operator replicas, restarts the apiserver and
-//! etcd, deletes and re-creates leases and the operator's token records, and lowers durations
-//! of held leases. Every event is recorded with a CLOCK_MONOTONIC timestamp; a checker over
-//! the whole history reports the first violation and prints a table.
+//! etcd, deletes and re-creates leases (once with their finalizer stripped) and the operator's
+//! token records, lowers durations of held leases, and edits fences to invalid values. A
+//! collateral writer meanwhile writes what no lease fences, as cluster-admin and as a pod that
+//! holds nothing, which nothing may refuse (I12: [`collateral`]). Every event is recorded with
+//! a CLOCK_MONOTONIC timestamp; a checker over the whole history reports the first violation
+//! and prints a table.
 //!
 //! ```console
 //! $ cargo test --all-features --test jepsen                       # the short profile (make test)
@@ -23,6 +26,7 @@ mod common;
 
 mod checker;
 mod cluster;
+mod collateral;
 mod history;
 mod nemesis;
 mod pods;

@@ -7,13 +7,21 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fenced_lease::api::FencedLease;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::Api;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use nix::sys::signal::Signal;
 use rand::Rng;
 use rand::rngs::StdRng;
+use serde_json::json;
 
-use crate::cluster::{Cluster, LEASES, create_lease};
+use crate::cluster::{Cluster, LEASES, all_leases, create_lease, fence_of};
+use crate::collateral::FENCE_ONLY;
 use crate::history::{Event, FaultKind, Recorder, Target};
 
 /// How long faults last: the short profile keeps them near the minimum that still bites.
@@ -85,6 +93,8 @@ impl Nemesis<'_> {
             FaultKind::RecreateLease => self.recreate_lease(false).await,
             FaultKind::DeleteTokenRecords => self.recreate_lease(true).await,
             FaultKind::LowerDuration => self.lower_duration().await,
+            FaultKind::StripFinalizer => self.strip_finalizer().await,
+            FaultKind::InvalidFence => self.invalid_fence().await,
         }
     }
 
@@ -491,6 +501,322 @@ impl Nemesis<'_> {
             ),
         );
     }
+}
+
+impl Nemesis<'_> {
+    /// Deletes a lease with its finalizer stripped, as an administrator does to a lease stuck
+    /// in deletion (issue 38, item 5): a merge patch `metadata.finalizers: null`, then the
+    /// delete (and the strip again if the operator put its finalizer back in between). While
+    /// the lease is gone, what it fenced is written as cluster-admin and as a pod that holds
+    /// nothing (no existing lease fences it: [`crate::collateral`]); the operator's admission
+    /// objects of the lease are watched for (its delete event removes them); then the lease is
+    /// created again. Any lease, `d` (Secrets, with a selector) included.
+    async fn strip_finalizer(&mut self) {
+        let kind = FaultKind::StripFinalizer;
+        let leases = all_leases();
+        let (lease, duration) = leases[self.rng.random_range(0..leases.len())];
+        let ns = &self.cluster.ns;
+        let target = if lease == FENCE_ONLY {
+            None
+        } else {
+            self.held(false).await.filter(|t| t.lease == lease)
+        };
+        self.start_on(
+            kind,
+            format!(
+                "lease {lease}: finalizers stripped, deleted; what it fenced written while it is gone; created again"
+            ),
+            target,
+            Some(lease.to_string()),
+        );
+        let api = ns.api::<FencedLease>();
+        let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        let pp = PatchParams::default();
+        let mut how = match api.patch(lease, &pp, &strip).await {
+            Ok(_) => "stripped, then deleted".to_string(),
+            Err(e) => format!("the strip failed ({e}), deleted"),
+        };
+        if let Err(e) = api.delete(lease, &DeleteParams::default()).await {
+            how.push_str(&format!(" (the delete failed: {e})"));
+        }
+        let started = tokio::time::Instant::now();
+        let mut gone_after = None;
+        while started.elapsed() < Duration::from_secs(30) {
+            let (gone, finalized) = match api.get_opt(lease).await {
+                Ok(None) => (true, false),
+                Ok(Some(l)) => (false, l.metadata.finalizers.is_some_and(|f| !f.is_empty())),
+                Err(_) => (false, false),
+            };
+            if gone {
+                gone_after = Some(started.elapsed());
+                break;
+            }
+            // The operator put its finalizer back before the delete: strip it again.
+            if finalized && api.patch(lease, &pp, &strip).await.is_ok() {
+                how = "stripped, deleted; its finalizer was back, stripped again".into();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let collateral = self.cluster.collateral.clone();
+        let written = match gone_after {
+            Some(_) => Some(collateral.write_gone(&self.rec, lease, 3).await),
+            None => None,
+        };
+        let left = self
+            .admission_objects_left(lease, Duration::from_secs(10))
+            .await;
+        create_lease(ns, lease, duration).await;
+        self.end(
+            kind,
+            format!(
+                "lease {lease}: {how}; gone after {gone_after:?}; written while gone (accepted / refused / no answer): {}; its admission objects: {left}; created again",
+                written.map_or("-".into(), |w| format!(
+                    "{} / {} / {}",
+                    w.accepted, w.refused, w.failed
+                )),
+            ),
+        );
+    }
+
+    /// Waits up to `within` for the operator to delete the admission objects of lease `lease`,
+    /// which is gone; says how long it took, or what is left.
+    async fn admission_objects_left(&self, lease: &str, within: Duration) -> String {
+        let client = self.cluster.ns.client.clone();
+        let selector = format!(
+            "fencing.dev/lease-namespace={},fencing.dev/lease-name={lease}",
+            self.cluster.ns.name
+        );
+        let lp = ListParams::default().labels(&selector);
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(client);
+        let started = tokio::time::Instant::now();
+        loop {
+            let mut left = vec![];
+            match bindings.list_metadata(&lp).await {
+                Ok(list) => left.extend(list.items.into_iter().filter_map(|b| b.metadata.name)),
+                Err(e) => left.push(format!("(bindings not listed: {e})")),
+            }
+            match policies.list_metadata(&lp).await {
+                Ok(list) => left.extend(list.items.into_iter().filter_map(|p| p.metadata.name)),
+                Err(e) => left.push(format!("(policies not listed: {e})")),
+            }
+            if left.is_empty() {
+                return format!("none left {:?} after the lease was gone", started.elapsed());
+            }
+            if started.elapsed() >= within {
+                return format!("still there {within:?} after the lease was gone: {left:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Edits a lease's `spec.fence` (as cluster-admin) to values the schema refuses (issue 38,
+    /// item 6, and kinds that may never be fenced), each of which must be refused at
+    /// admission; and lease `d`'s selector to the largest the schema admits, which must be
+    /// accepted and, by the operator, put in place (or its lease not granted: `d` has no
+    /// claims, so what is watched is its kinds policy taking the new selector). Then both
+    /// fences are put back. Every answer is recorded ([`Event::FenceEdit`]).
+    async fn invalid_fence(&mut self) {
+        let kind = FaultKind::InvalidFence;
+        let leases = all_leases();
+        let (lease, _) = leases[self.rng.random_range(0..leases.len())];
+        self.start_on(
+            kind,
+            format!(
+                "lease {lease}: spec.fence edited to invalid values; lease {FENCE_ONLY}: its selector to the largest the schema admits; then both put back"
+            ),
+            None,
+            Some(lease.to_string()),
+        );
+        let api = self.cluster.ns.api::<FencedLease>();
+        let fence = fence_of(lease);
+        let resources = fence["resources"].clone();
+        let invalid = [
+            (
+                "selector operator \"in\" (for In)",
+                json!({"resources": resources, "selector": {"matchExpressions": [{"key": "app", "operator": "in", "values": ["x"]}]}}),
+            ),
+            (
+                "selector value \"not a label value\"",
+                json!({"resources": resources, "selector": {"matchLabels": {"app": "not a label value"}}}),
+            ),
+            (
+                "kind coordination.k8s.io/leases",
+                json!({"resources": [{"group": "coordination.k8s.io", "resource": "leases"}]}),
+            ),
+            (
+                "kind events (core)",
+                json!({"resources": [{"group": "", "resource": "events"}]}),
+            ),
+        ];
+        let mut refused = 0;
+        for (edit, value) in &invalid {
+            let (accepted, answer) = replace_fence(&api, lease, &["fence"], value).await;
+            refused += usize::from(!accepted);
+            self.rec.record(Event::FenceEdit {
+                lease: lease.to_string(),
+                edit: format!("spec.fence: {edit}"),
+                invalid: true,
+                accepted,
+                answer,
+                in_force: None,
+            });
+        }
+
+        // Valid: the largest selector the schema admits, on lease d.
+        let big = largest_selector();
+        let probe_key = big["matchLabels"]
+            .as_object()
+            .and_then(|m| m.keys().next().cloned())
+            .unwrap_or_default();
+        let (accepted, answer) =
+            replace_fence(&api, FENCE_ONLY, &["fence", "selector"], &big).await;
+        let in_force = if accepted {
+            Some(self.kinds_policy_has(FENCE_ONLY, &probe_key, true).await)
+        } else {
+            None
+        };
+        self.rec.record(Event::FenceEdit {
+            lease: FENCE_ONLY.to_string(),
+            edit: "spec.fence.selector: the largest the schema admits (16 matchLabels, 16 matchExpressions of 64 values, keys of 317 and values of 63 characters)".into(),
+            invalid: false,
+            accepted,
+            answer: answer.chars().take(300).collect(),
+            in_force,
+        });
+        // The collateral writer writes meanwhile, under the big selector's condition.
+        tokio::time::sleep(self.secs(2.0, 3.0)).await;
+
+        let mut healed = vec![];
+        for name in [lease, FENCE_ONLY] {
+            let mut ok = false;
+            for _ in 0..20 {
+                if replace_fence(&api, name, &["fence"], &fence_of(name))
+                    .await
+                    .0
+                {
+                    ok = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            healed.push(format!(
+                "{name}: {}",
+                if ok { "put back" } else { "NOT put back" }
+            ));
+        }
+        let back = !self.kinds_policy_has(FENCE_ONLY, &probe_key, false).await;
+        self.end(
+            kind,
+            format!(
+                "{refused} of {} invalid edits of lease {lease} refused; the largest selector on {FENCE_ONLY}: accepted {accepted}, in its kinds policy within 10 s: {in_force:?}; {}; {FENCE_ONLY}'s kinds policy back to its own selector: {back}",
+                invalid.len(),
+                healed.join(", "),
+            ),
+        );
+    }
+
+    /// Whether lease `lease`'s kinds policy's condition names label `key` (`want`: waits up
+    /// to 10 s for that answer).
+    async fn kinds_policy_has(&self, lease: &str, key: &str, want: bool) -> bool {
+        let name = format!("fenced-lease-kinds.{}.{lease}", self.cluster.ns.name);
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.cluster.ns.client.clone());
+        let started = tokio::time::Instant::now();
+        loop {
+            let has = policies
+                .get_opt(&name)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| {
+                    p.spec
+                        .and_then(|s| s.match_conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.expression.contains(key))
+                });
+            if has == want || started.elapsed() > Duration::from_secs(10) {
+                return has;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Sets `spec.<path>` of lease `lease` to `value`, exactly (a read, then a replace on its
+/// resourceVersion; read again on a conflict): whether the apiserver accepted it, and its
+/// answer. Raw JSON, so that what the schema refuses reaches the apiserver as it is.
+async fn replace_fence(
+    api: &Api<FencedLease>,
+    lease: &str,
+    path: &[&str],
+    value: &serde_json::Value,
+) -> (bool, String) {
+    let resource = ApiResource::erase::<FencedLease>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(
+        api.clone().into_client(),
+        api.namespace().unwrap_or_default(),
+        &resource,
+    );
+    let mut answer = String::new();
+    for _ in 0..5 {
+        let mut object = match raw.get(lease).await {
+            Ok(object) => object,
+            Err(e) => return (false, format!("cannot read the lease: {e}")),
+        };
+        let mut at = &mut object.data["spec"];
+        for key in &path[..path.len() - 1] {
+            at = &mut at[*key];
+        }
+        at[path[path.len() - 1]] = value.clone();
+        match raw.replace(lease, &PostParams::default(), &object).await {
+            Ok(l) => {
+                return (
+                    true,
+                    format!(
+                        "accepted (resourceVersion {})",
+                        l.metadata.resource_version.unwrap_or_default()
+                    ),
+                );
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                answer = format!("{} {}: {}", e.code, e.reason, e.message);
+            }
+            Err(kube::Error::Api(e)) => {
+                let text = format!("{} {}: {}", e.code, e.reason, e.message);
+                return (false, text.chars().take(400).collect());
+            }
+            Err(e) => return (false, format!("no answer: {e}")),
+        }
+    }
+    (false, answer)
+}
+
+/// The largest `spec.fence.selector` the CRD's schema admits: 16 matchLabels and 16
+/// matchExpressions (In, 64 values each), keys of 317 characters (a 253-character prefix),
+/// values of 63. It selects none of the run's objects.
+fn largest_selector() -> serde_json::Value {
+    let prefix = format!(
+        "{}.{}.{}.{}",
+        "a".repeat(63),
+        "b".repeat(63),
+        "c".repeat(63),
+        "d".repeat(61)
+    );
+    let key = |tag: &str, i: usize| format!("{prefix}/{tag}{i:02}{}", "x".repeat(60));
+    let value = |i: usize| format!("v{i:02}{}", "v".repeat(60));
+    let labels: serde_json::Map<String, serde_json::Value> =
+        (0..16).map(|i| (key("k", i), json!(value(i)))).collect();
+    let expressions: Vec<serde_json::Value> = (0..16)
+        .map(|i| {
+            json!({
+                "key": key("e", i),
+                "operator": "In",
+                "values": (0..64).map(value).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"matchLabels": labels, "matchExpressions": expressions})
 }
 
 /// Runs `hack/control-plane <command>` on the control plane whose kubeconfig is in `dir`.

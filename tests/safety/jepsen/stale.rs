@@ -129,10 +129,10 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
                 });
             }
             Event::FaultStart {
-                kind: kind @ (FaultKind::RecreateLease | FaultKind::DeleteTokenRecords),
+                kind,
                 lease: Some(lease),
                 ..
-            } => {
+            } if kind.deletes_lease() => {
                 open.insert(*kind, (lease, e.t));
             }
             Event::FaultEnd { kind, .. } => {

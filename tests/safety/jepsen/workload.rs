@@ -70,7 +70,7 @@ pub fn api(client: kube::Client, namespace: &str, lease: &str) -> Api<DynamicObj
 }
 
 /// What the writers' pods may do to the workloads (besides holding leases and writing the
-/// labelled ConfigMaps).
+/// labelled ConfigMaps), and to Secrets (the collateral writer's, [`crate::collateral`]).
 pub const ROLE: &str = r#"
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -80,6 +80,9 @@ rules:
     resources: ["deployments", "statefulsets", "replicasets", "deployments/status",
                 "statefulsets/status", "replicasets/status", "deployments/scale",
                 "statefulsets/scale", "replicasets/scale"]
+    verbs: ["*"]
+  - apiGroups: [""]
+    resources: ["secrets"]
     verbs: ["*"]
 "#;
 

@@ -117,6 +117,7 @@ impl Resources {
                 let (key, how) = self.workload.describe(lease, turn);
                 (key, Some(how))
             }
+            Resource::Unfenced => unreachable!("holders write only what their lease fences"),
         };
         rec.record(Event::WriteAttempt {
             id: id.clone(),
@@ -144,6 +145,7 @@ impl Resources {
                         id,
                         highest,
                         not_holder,
+                        refusal: None,
                     },
                 );
                 true
@@ -169,6 +171,7 @@ impl Resources {
             other => Outcome::Failed(other.to_string()),
         };
         match resource {
+            Resource::Unfenced => unreachable!("holders write only what their lease fences"),
             Resource::Kube => {
                 let mut patch = fence::kube::stamp_patch(lease, token);
                 patch["data"] = serde_json::json!({ "write": id });
