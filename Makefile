@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme monitoring-test image krew release bench
+.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -16,7 +16,7 @@ demo: ## the double dividend: a paused lease holder's writes refused by the apis
 RUST_TESTS := $(shell sed -n '/^\[\[test\]\]/{n;s/^name = "\(.*\)"/\1/p}' Cargo.toml)
 CLUSTER_TESTS := $(filter-out chart,$(RUST_TESTS))
 
-test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis
+test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, and the compatibility suite on the oldest supported Kubernetes (hack/compat)
 	@hack/deps
 	@hack/tools start target/tools
 	@$(MAKE) --no-print-directory lint-rust
@@ -29,6 +29,7 @@ test: ## everything: lint, chart, alert rules, unit and integration tests (Rust 
 	hack/tools wait target/tools && hack/go-lint && \
 	$(MAKE) --no-print-directory chart-test monitoring-test && \
 	$(CARGO) test --locked --all-features --test chart && \
+	hack/compat && \
 	FL_OPERATOR_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/fenced-lease-operator hack/go-test; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
@@ -66,15 +67,18 @@ chart-sync: ## copy crds/, deploy/rbac/, deploy/admission/ and deploy/monitoring
 	if compgen -G 'deploy/admission/*.yaml' >/dev/null; then mkdir -p $(CHART)/files/admission && cp deploy/admission/*.yaml $(CHART)/files/admission/; fi
 	mkdir -p $(CHART)/files/monitoring && cp $(MONITORING) $(CHART)/files/monitoring/
 
-chart-test: ## the chart's copies of deploy/monitoring/ are current, its README's values table too; helm lint, helm template for each supported Kubernetes minor, helm-unittest
+chart-test: ## the chart's copies of deploy/monitoring/ are current, its README's values table too; helm lint, helm template for the oldest and newest supported Kubernetes, helm-unittest
 	@for f in $(MONITORING); do cmp -s $$f $(CHART)/files/monitoring/$${f##*/} || { echo "$(CHART)/files/monitoring/$${f##*/} differs from $$f: run make chart-sync" >&2; exit 1; }; done
 	hack/chart-readme --check
 	hack/helm helm lint --strict $(CHART)
-	for v in 1.30.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
+	for v in 1.34.0 1.37.2; do hack/helm helm template fl $(CHART) --kube-version $$v >/dev/null || exit 1; done
 	hack/helm unittest --strict $(CHART)
 
 chart-readme: ## regenerate the values table of charts/fenced-lease/README.md from values.yaml (chart-test fails until you do)
 	hack/chart-readme
+
+compat: ## the compatibility suite alone: the promises that matter, on the oldest supported Kubernetes minor (hack/compat; a control plane of its own)
+	@hack/compat
 
 monitoring-test: ## promtool: check deploy/monitoring/alerts.yaml and run its unit tests (alerts_test.yaml)
 	hack/promtool check rules deploy/monitoring/alerts.yaml

@@ -2,12 +2,53 @@ package lease
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
+	"sync"
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
 	"github.com/go-logr/logr"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
+
+// creators holds, per Client (one per process), the creator annotations of its claims (I7):
+// its username and, from a pod, the pod's name and UID, as the apiserver authenticates it —
+// learned once from a SelfSubjectReview, which every authenticated user may create. The
+// claim-ownership policy refuses a claim whose annotations are not its creator's; where the
+// apiserver serves MutatingAdmissionPolicy (1.36 on) the chart's policy overwrites them with
+// the same values.
+var creators sync.Map // *Client -> map[string]string
+
+// creator is the creator annotations of the claims r.client makes.
+func (r *claimRequest) creator(b *budget) (map[string]string, error) {
+	if known, ok := creators.Load(r.client); ok {
+		return known.(map[string]string), nil
+	}
+	review, err := retry(b, "create SelfSubjectReview", r.callTimeout, func(ctx context.Context) (*authenticationv1.SelfSubjectReview, error) {
+		body := []byte(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`)
+		raw, err := r.client.rest.Post().AbsPath("/apis/authentication.k8s.io/v1/selfsubjectreviews").
+			SetHeader("Content-Type", "application/json").Body(body).Do(ctx).Raw()
+		if err != nil {
+			return nil, err
+		}
+		out := &authenticationv1.SelfSubjectReview{}
+		return out, json.Unmarshal(raw, out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	user := review.Status.UserInfo
+	annotations := map[string]string{"fencing.dev/created-by": user.Username}
+	pod, uid := user.Extra["authentication.kubernetes.io/pod-name"], user.Extra["authentication.kubernetes.io/pod-uid"]
+	if len(pod) > 0 && len(uid) > 0 {
+		annotations["fencing.dev/created-by-pod"] = pod[0]
+		annotations["fencing.dev/created-by-pod-uid"] = uid[0]
+	}
+	creators.Store(r.client, annotations)
+	return annotations, nil
+}
 
 // claimRequest creates this holder's claim.
 type claimRequest struct {
@@ -26,12 +67,17 @@ type claimRequest struct {
 // claim is adopted (it keeps its place). Giving up, the claim is deleted by name in case it
 // exists.
 func (r *claimRequest) create(b *budget) (*v1alpha1.FencedLeaseClaim, bootInstant, error) {
+	creator, err := r.creator(b)
+	if err != nil {
+		return nil, 0, err
+	}
 	name := claimName(r.lease)
 	var firstSent bootInstant
 	uncertain := false
 	for attempt := 1; ; attempt++ {
 		sent := bootNow()
 		claim := newClaim(r.namespace, name, r.lease, r.identity, r.pod, time.Now())
+		claim.Annotations = maps.Clone(creator)
 		created, err := call(b, "create FencedLeaseClaim", r.callTimeout, func(ctx context.Context) (*v1alpha1.FencedLeaseClaim, error) {
 			return r.client.createClaim(ctx, claim)
 		})

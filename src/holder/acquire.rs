@@ -5,13 +5,16 @@
 use std::future::Future;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
-use super::claim::{claim_name, new_claim};
+use super::claim::{claim_name, creator_annotations, new_claim};
 use super::clock::BootInstant;
 use super::error::{Error, LostReason, report};
 use super::guard::LeaseGuard;
@@ -45,6 +48,8 @@ pub async fn acquire(
         lease,
         identity: &identity,
         pod: pod.as_ref(),
+        reviews: Api::all(client.clone()),
+        creator: tokio::sync::OnceCell::new(),
         // Until the lease is read, requests are paced as for the longest lease there can be.
         call_timeout: options.request_timeout.unwrap_or(DEFAULT_READ_TIMEOUT),
     };
@@ -340,6 +345,10 @@ struct ClaimRequest<'a> {
     lease: &'a str,
     identity: &'a str,
     pod: Option<&'a PodRef>,
+    /// Where this holder learns who the apiserver takes it for (`SelfSubjectReview`).
+    reviews: Api<SelfSubjectReview>,
+    /// Its creator annotations, learned once per acquire and stamped on every claim it makes.
+    creator: tokio::sync::OnceCell<BTreeMap<String, String>>,
     call_timeout: Duration,
 }
 
@@ -350,12 +359,20 @@ impl ClaimRequest<'_> {
     /// and that claim is adopted (it keeps its place). Giving up, the claim is deleted by name
     /// in case it exists.
     async fn create(&self, budget: &Budget) -> Result<(FencedLeaseClaim, BootInstant), Error> {
+        let creator = self.creator(budget).await?;
         let mut name = claim_name(self.lease);
         let mut first_sent: Option<BootInstant> = None;
         let mut attempt = 0;
         let outcome = loop {
             let sent = BootInstant::now();
-            let claim = new_claim(&name, self.lease, self.identity, self.pod, Timestamp::now());
+            let claim = new_claim(
+                &name,
+                self.lease,
+                self.identity,
+                self.pod,
+                creator,
+                Timestamp::now(),
+            );
             let params = PostParams::default();
             let result = match budget
                 .call(
@@ -404,6 +421,24 @@ impl ClaimRequest<'_> {
             self.withdraw(&name).await;
         }
         outcome
+    }
+
+    /// The creator annotations of this holder's claims (I7): its username and, from a pod,
+    /// the pod's name and UID, as the apiserver authenticates it — a `SelfSubjectReview`,
+    /// which every authenticated user may create. The claim-ownership policy refuses a claim
+    /// whose annotations are not those of its creator's request.
+    async fn creator(&self, budget: &Budget) -> Result<&BTreeMap<String, String>, Error> {
+        self.creator
+            .get_or_try_init(|| async {
+                let (params, ask) = (PostParams::default(), SelfSubjectReview::default());
+                let review = budget
+                    .retry("create SelfSubjectReview", self.call_timeout, || {
+                        self.reviews.create(&params, &ask)
+                    })
+                    .await?;
+                Ok(creator_annotations(&review))
+            })
+            .await
     }
 
     /// The claim `name` that an earlier attempt may have created, if it is this holder's

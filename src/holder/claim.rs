@@ -2,8 +2,10 @@
 //! whose answer was lost can be found again) and its heartbeat, plus the few facts a holder
 //! reads back from its claim and from the lease.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use rand::Rng;
@@ -29,13 +31,52 @@ pub(crate) fn claim_name(lease: &str) -> String {
     format!("{lease}-{suffix}")
 }
 
-/// A new claim `name` on `lease`, with its first heartbeat. With a pod whose UID is known, the
-/// claim is owned by it, so the pod's deletion frees it.
+/// The annotations that record a claim's creator (I7): its username, and, when it
+/// authenticates with a pod-bound token, that pod's name and UID.
+pub(crate) const CREATED_BY: &str = "fencing.dev/created-by";
+pub(crate) const CREATED_BY_POD: &str = "fencing.dev/created-by-pod";
+pub(crate) const CREATED_BY_POD_UID: &str = "fencing.dev/created-by-pod-uid";
+
+/// The creator annotations a holder stamps on its claims, from the answer to its
+/// `SelfSubjectReview` (what the apiserver authenticates it as: the same `userInfo` the
+/// claim-ownership ValidatingAdmissionPolicy compares them with at create). Where the
+/// apiserver serves MutatingAdmissionPolicy, the chart's policy overwrites them with the same
+/// values; where it does not (before Kubernetes 1.36), a claim without them is refused.
+pub(crate) fn creator_annotations(review: &SelfSubjectReview) -> BTreeMap<String, String> {
+    let user = review.status.as_ref().and_then(|s| s.user_info.as_ref());
+    let mut annotations = BTreeMap::new();
+    let Some(user) = user else {
+        return annotations;
+    };
+    if let Some(username) = &user.username {
+        annotations.insert(CREATED_BY.to_string(), username.clone());
+    }
+    let extra = |key: &str| {
+        user.extra
+            .as_ref()
+            .and_then(|e| e.get(key))
+            .and_then(|v| v.first())
+            .cloned()
+    };
+    if let (Some(pod), Some(uid)) = (
+        extra("authentication.kubernetes.io/pod-name"),
+        extra("authentication.kubernetes.io/pod-uid"),
+    ) {
+        annotations.insert(CREATED_BY_POD.to_string(), pod);
+        annotations.insert(CREATED_BY_POD_UID.to_string(), uid);
+    }
+    annotations
+}
+
+/// A new claim `name` on `lease`, with its first heartbeat and its creator's annotations
+/// ([`creator_annotations`]). With a pod whose UID is known, the claim is owned by it, so the
+/// pod's deletion frees it.
 pub(crate) fn new_claim(
     name: &str,
     lease: &str,
     identity: &str,
     pod: Option<&PodRef>,
+    creator: &BTreeMap<String, String>,
     now: Timestamp,
 ) -> FencedLeaseClaim {
     let owner_references = pod.and_then(|p| {
@@ -53,6 +94,7 @@ pub(crate) fn new_claim(
         metadata: ObjectMeta {
             name: Some(name.into()),
             owner_references,
+            annotations: (!creator.is_empty()).then(|| creator.clone()),
             ..Default::default()
         },
         spec: FencedLeaseClaimSpec {
@@ -155,7 +197,7 @@ mod tests {
             "{name}"
         );
         assert_ne!(claim_name("db"), name, "names are random");
-        let claim = new_claim(&name, "db", "worker-1", None, now);
+        let claim = new_claim(&name, "db", "worker-1", None, &BTreeMap::new(), now);
         assert_eq!(claim.metadata.name.as_deref(), Some(name.as_str()));
         assert_eq!(claim.metadata.generate_name, None);
         assert_eq!(claim.spec.lease_name, "db");
@@ -169,7 +211,7 @@ mod tests {
     fn a_claim_names_its_pod_and_is_owned_by_it_when_the_uid_is_known() {
         let now = Timestamp::now();
         let pod = PodRef::new("web-0", Some("uid-1".into()));
-        let claim = new_claim("db-x", "db", "web-0", Some(&pod), now);
+        let claim = new_claim("db-x", "db", "web-0", Some(&pod), &BTreeMap::new(), now);
         assert_eq!(claim.spec.pod_name.as_deref(), Some("web-0"));
         let owners = claim.metadata.owner_references.unwrap();
         assert_eq!(owners.len(), 1);
@@ -183,9 +225,50 @@ mod tests {
         );
 
         let no_uid = PodRef::new("web-0", None);
-        let claim = new_claim("db-x", "db", "web-0", Some(&no_uid), now);
+        let claim = new_claim("db-x", "db", "web-0", Some(&no_uid), &BTreeMap::new(), now);
         assert_eq!(claim.spec.pod_name.as_deref(), Some("web-0"));
         assert_eq!(claim.metadata.owner_references, None);
+    }
+
+    #[test]
+    fn a_claim_carries_its_creator_as_the_apiserver_authenticates_it() {
+        let review = |extra: serde_json::Value| -> SelfSubjectReview {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                "status": {"userInfo": {"username": "system:serviceaccount:prod:web", "extra": extra}}
+            }))
+            .unwrap()
+        };
+        let from_pod = creator_annotations(&review(serde_json::json!({
+            "authentication.kubernetes.io/pod-name": ["web-0"],
+            "authentication.kubernetes.io/pod-uid": ["uid-1"],
+        })));
+        assert_eq!(
+            from_pod,
+            BTreeMap::from([
+                (
+                    CREATED_BY.to_string(),
+                    "system:serviceaccount:prod:web".to_string()
+                ),
+                (CREATED_BY_POD.to_string(), "web-0".to_string()),
+                (CREATED_BY_POD_UID.to_string(), "uid-1".to_string()),
+            ])
+        );
+        let claim = new_claim("db-x", "db", "web-0", None, &from_pod, Timestamp::now());
+        assert_eq!(claim.metadata.annotations, Some(from_pod));
+
+        let not_a_pod = creator_annotations(&review(serde_json::json!({})));
+        assert_eq!(
+            not_a_pod,
+            BTreeMap::from([(
+                CREATED_BY.to_string(),
+                "system:serviceaccount:prod:web".to_string()
+            )])
+        );
+        let unanswered = creator_annotations(&SelfSubjectReview::default());
+        assert!(unanswered.is_empty());
+        let claim = new_claim("db-x", "db", "w", None, &unanswered, Timestamp::now());
+        assert_eq!(claim.metadata.annotations, None);
     }
 
     #[test]

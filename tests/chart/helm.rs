@@ -87,6 +87,16 @@ pub fn render(namespace: &str, set: &[&str]) -> Vec<Value> {
     render_dir(&chart_dir(), namespace, set)
 }
 
+/// The chart rendered with more arguments of `helm template` (`--api-versions`, say).
+pub fn render_with(namespace: &str, args: &[&str]) -> Vec<Value> {
+    let mut cmd = helm_offline();
+    cmd.args(["template", "fenced-lease"])
+        .arg(chart_dir())
+        .args(["--namespace", namespace])
+        .args(args);
+    documents(&String::from_utf8_lossy(&run_ok(&mut cmd).stdout))
+}
+
 /// The one object of `kind` named `name` among `objects`.
 pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects

@@ -23,7 +23,7 @@ use std::time::Duration;
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLeaseClaim, token_annotation_key};
-use helm::{Release, chart_dir, documents, find, render, render_dir, run_ok};
+use helm::{Release, chart_dir, documents, find, render, render_dir, render_with, run_ok};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use operator::ChartOperator;
@@ -104,7 +104,14 @@ fn without_chart_metadata(mut crd: Value) -> Value {
 
 #[test]
 fn the_chart_renders_the_crds_rbac_and_policies_of_the_repository() {
-    let objects = render("fenced-lease", &[]);
+    // As on a cluster that serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (1.36 on).
+    let objects = render_with(
+        "fenced-lease",
+        &[
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+        ],
+    );
 
     // CRDs: the generated ones, with only the chart's labels and keep annotation added.
     let mut generated = vec![];
@@ -207,6 +214,45 @@ fn the_chart_renders_the_crds_rbac_and_policies_of_the_repository() {
     assert!(
         image_script.contains(&format!("IMAGE_NAME:-{IMAGE}}}")),
         "hack/image builds the image the chart points at"
+    );
+}
+
+/// Where the cluster does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy
+/// (before 1.36, and `helm template` unless told), the chart leaves it out and installs the
+/// rest: claim ownership then rests on the holders' own creator annotations, which the
+/// ValidatingAdmissionPolicy checks.
+#[test]
+fn the_mutating_admission_policy_is_rendered_only_where_the_cluster_serves_it() {
+    let kinds = |args: &[&str]| -> Vec<String> {
+        render_with("fenced-lease", args)
+            .iter()
+            .filter(|o| {
+                o["metadata"]["name"] == "fenced-lease-claim-creator"
+                    || o["metadata"]["name"] == "fenced-lease-claim-ownership"
+            })
+            .map(|o| o["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        kinds(&["--kube-version", "1.34.0"]),
+        [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
+        ]
+    );
+    assert_eq!(
+        kinds(&[
+            "--kube-version",
+            "1.37.2",
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+        ]),
+        [
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
+        ]
     );
 }
 

@@ -26,13 +26,19 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Claim `pod.name` on `lease`, made by the pod itself with its own token (naming and owned
-/// by the pod, as the holder library and `kubectl fence` make it).
+/// by the pod, and carrying its creator annotations, as the holder library and `kubectl
+/// fence` make it).
 async fn claim_as_pod(ns: &TestNamespace, pod: &TestPod, lease: &str) {
     let claim: FencedLeaseClaim = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
         "metadata": {
             "name": pod.name,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}],
+            "annotations": {
+                "fencing.dev/created-by": format!("system:serviceaccount:{}:{}", ns.name, pod.service_account),
+                "fencing.dev/created-by-pod": pod.name,
+                "fencing.dev/created-by-pod-uid": pod.uid,
+            },
         },
         "spec": {"leaseName": lease, "holderIdentity": pod.name, "podName": pod.name},
     }))
@@ -368,6 +374,133 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
 /// A lease that fences objects is granted only once its binding is in force: a pod that does
 /// not hold it is refused from the first grant on, also when the lease is new (or deleted and
 /// created again while a former holder still writes).
+/// Does the apiserver serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (1.36 on)?
+fn serves_mutating_admission_policy(ns: &TestNamespace) -> bool {
+    let out = ns
+        .kubectl()
+        .args(["get", "--raw", "/apis/admissionregistration.k8s.io/v1"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(r#""kind":"MutatingAdmissionPolicy""#)
+}
+
+/// I7 at create, on every supported version: a claim records its creator as the apiserver
+/// authenticates it. Where MutatingAdmissionPolicy is served (1.36 on) the apiserver writes
+/// the annotations, whatever the client sent; before, the client must send them (the holders
+/// do) and a claim without them, or with another creator's, is refused saying what to send.
+#[tokio::test]
+async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
+    let ns = TestNamespace::new("claim-creator").await;
+    let pods = ns.app_pods(&["pa"]).await;
+    let pa = &pods[0];
+    let user = format!("system:serviceaccount:{}:app", ns.name);
+    let mutating = serves_mutating_admission_policy(&ns);
+    let claim = |name: &str, annotations: serde_json::Value| -> FencedLeaseClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"leaseName": "books", "holderIdentity": name},
+        }))
+        .unwrap()
+    };
+    let unbound: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as("app", None).await, &ns.name);
+    let from_pa: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
+    // RBAC bindings reach the authorizer with a delay: wait until a right claim passes.
+    let right = wait_for(
+        "a claim with its creator's annotations created",
+        WAIT,
+        || async {
+            unbound
+                .create(
+                    &PostParams::default(),
+                    &claim("right", json!({"fencing.dev/created-by": user})),
+                )
+                .await
+                .ok()
+        },
+    )
+    .await;
+    let annotations = right.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("fencing.dev/created-by"), Some(&user));
+
+    for (name, annotations) in [
+        ("bare", json!({})),
+        (
+            "forged",
+            json!({"fencing.dev/created-by": "system:serviceaccount:x:bob"}),
+        ),
+    ] {
+        let result = unbound
+            .create(&PostParams::default(), &claim(name, annotations))
+            .await;
+        if mutating {
+            let created = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+            let annotations = created.metadata.annotations.unwrap_or_default();
+            assert_eq!(
+                annotations.get("fencing.dev/created-by"),
+                Some(&user),
+                "{name}"
+            );
+        } else {
+            let (code, message) = common::api_error_message(result);
+            assert_eq!(code, 403, "{name}: {message}");
+            assert!(
+                message.contains("fenced-lease-claim-ownership")
+                    && message.contains(&format!(
+                        "must be created with the annotation fencing.dev/created-by: {user}"
+                    )),
+                "{name}: {message}"
+            );
+        }
+    }
+
+    // From a pod: the pod's name and UID too.
+    let pod_annotations = json!({
+        "fencing.dev/created-by": user,
+        "fencing.dev/created-by-pod": pa.name,
+        "fencing.dev/created-by-pod-uid": pa.uid,
+    });
+    let created = wait_for("pa's claim created", WAIT, || async {
+        from_pa
+            .create(
+                &PostParams::default(),
+                &claim("pod-right", pod_annotations.clone()),
+            )
+            .await
+            .ok()
+    })
+    .await;
+    let annotations = created.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("fencing.dev/created-by-pod-uid"),
+        Some(&pa.uid)
+    );
+    let result = from_pa
+        .create(
+            &PostParams::default(),
+            &claim("pod-bare", json!({"fencing.dev/created-by": user})),
+        )
+        .await;
+    if mutating {
+        let created = result.expect("stamped by the MutatingAdmissionPolicy");
+        let annotations = created.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations.get("fencing.dev/created-by-pod"),
+            Some(&pa.name)
+        );
+    } else {
+        let (code, message) = common::api_error_message(result);
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains(&format!(
+                "must carry its pod in the annotations fencing.dev/created-by-pod: pa and fencing.dev/created-by-pod-uid: {}",
+                pa.uid
+            )),
+            "{message}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_fence_is_in_force_before_the_first_grant() {
     let ns = TestNamespace::new("fence-first").await;
