@@ -54,8 +54,9 @@ lint-rust: ## rustfmt and clippy (every target with all features; the library an
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-crds: ## regenerate crds/ from the Rust types in src/api/ (and the chart's copy)
+crds: ## regenerate crds/ from the Rust types in src/api/ (and the copies of the chart and the Go module)
 	$(CARGO) run --locked --quiet --bin fenced-lease-crdgen -- --dir crds
+	cp crds/*.yaml go/crds/
 	@$(MAKE) --no-print-directory chart-sync
 
 CHART := charts/fenced-lease
