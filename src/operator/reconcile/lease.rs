@@ -129,13 +129,11 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // condition Held=False FenceNotInForce); its holder keeps its term and expiries and
     // releases go on. The error is returned once they are done (Event, metric, retry).
     let asks = lease.spec.fence_objects || lease.spec.fence.is_some();
+    // A failure about a binding the lease no longer asks for holds up nothing: what is left
+    // fences more, never less.
     let fenced = fence_bindings::sync(ctx, &lease)
         .await
-        .map_err(|e| match asks {
-            true => Error::Fence(Box::new(e)),
-            // Only a binding it no longer asks for is left: it fences more, never less.
-            false => e,
-        });
+        .map_err(|e| if asks { Error::Fence(Box::new(e)) } else { e });
     if let Some(in_force) = fence_bindings::settling(ctx, &lease) {
         return Ok(Action::requeue(
             in_force.saturating_duration_since(Instant::now()),
@@ -144,7 +142,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     let unfenced = fenced
         .as_ref()
         .err()
-        .filter(|_| asks)
+        .filter(|e| matches!(e, Error::Fence(_)))
         .map(|e| truncate(&e.to_string(), 1024).to_string());
 
     let written = match write_lease_status(ctx, &api, (*lease).clone(), unfenced.as_deref()).await {
