@@ -35,15 +35,13 @@ use clap::Parser;
 use fenced_lease::api::{FenceSpec, FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 use fenced_lease::fence::kube::LEASE_POLICY;
 use fenced_lease::fence::postgres::FencedTable;
-use fenced_lease::operator::core::fence::{desired_binding, desired_kinds_binding};
-use fenced_lease::operator::core::fence_policy::desired_kinds_policy;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
+use fenced_lease::api::FencedResource;
+use fenced_lease::operator::admission::shipped::{self, Assignment};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::AuthInfo;
 use kube::{Client, Config};
 use serde_json::json;
@@ -134,17 +132,59 @@ where
         .create(&PostParams::default(), &namespace)
         .await?;
     let result = run(ns.clone()).await;
-    let labels = ListParams::default().labels(&format!("fencing.dev/lease-namespace={ns}"));
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let _ = bindings
-        .delete_collection(&DeleteParams::default(), &labels)
-        .await;
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let _ = policies
-        .delete_collection(&DeleteParams::default(), &labels)
-        .await;
+    let _ = unlist(client, &ns).await;
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
     result
+}
+
+/// Lists namespace `ns` for `kind` in a kinds slot: the one of the kind, or a free one.
+async fn list(client: &Client, ns: &str, kind: &FencedResource) -> Result<()> {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let mut free = None;
+    for (i, name) in shipped::slot_names().iter().enumerate() {
+        let policy = policies.get(name).await?;
+        match shipped::assignment(&policy) {
+            Ok(Some(mut a)) if a.kind == *kind => {
+                a.namespaces.insert(ns.to_string());
+                return write_slot(&policies, i, policy, Some(&a)).await;
+            }
+            Ok(None) => free = free.or(Some((i, policy))),
+            _ => {}
+        }
+    }
+    let (i, policy) = free.ok_or("no free kinds slot (deploy/admission/fence-kinds.yaml)")?;
+    let a = Assignment {
+        kind: kind.clone(),
+        namespaces: [ns.to_string()].into(),
+    };
+    write_slot(&policies, i, policy, Some(&a)).await
+}
+
+/// Takes namespace `ns` out of every kinds slot.
+async fn unlist(client: &Client, ns: &str) -> Result<()> {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    for (i, name) in shipped::slot_names().iter().enumerate() {
+        let policy = policies.get(name).await?;
+        if let Ok(Some(mut a)) = shipped::assignment(&policy)
+            && a.namespaces.remove(ns)
+        {
+            let a = Some(&a).filter(|a| !a.namespaces.is_empty());
+            write_slot(&policies, i, policy, a).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_slot(
+    policies: &Api<ValidatingAdmissionPolicy>,
+    i: usize,
+    mut stored: ValidatingAdmissionPolicy,
+    assigned: Option<&Assignment>,
+) -> Result<()> {
+    stored.spec = shipped::slot_policy(i, assigned)?.spec;
+    let name = shipped::slot_name(i);
+    policies.replace(&name, &PostParams::default(), &stored).await?;
+    Ok(())
 }
 
 /// Probes with `refused` (true: the write was refused) from `written` on until one is
@@ -185,12 +225,8 @@ async fn measure_window(client: &Client, ns: &str, samples: usize, log: &mut Log
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
         "metadata": {"name": "bench"}, "spec": {"fenceObjects": true},
     }))?;
+    // Labelled objects are fenced by deploy/admission/'s binding fenced-lease-objects.
     leases.create(&PostParams::default(), &lease).await?;
-    // The binding the operator keeps for such a lease, applied here so no operator is needed.
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    bindings
-        .create(&PostParams::default(), &desired_binding(ns, "bench"))
-        .await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let probe = |token: i64| ConfigMap {
         metadata: ObjectMeta {
@@ -396,22 +432,9 @@ async fn measure_identity_window(
         "metadata": {"name": "ident"}, "spec": {"fence": fence},
     }))?;
     leases.create(&PostParams::default(), &lease).await?;
-    // The policy and binding the operator keeps for such a lease, applied here so no operator
-    // is needed.
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    policies
-        .create(
-            &PostParams::default(),
-            &desired_kinds_policy(ns, "ident", &fence)?,
-        )
-        .await?;
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    bindings
-        .create(
-            &PostParams::default(),
-            &desired_kinds_binding(ns, "ident", &fence),
-        )
-        .await?;
+    // The kinds slot the operator would list the namespace in, listed here so no operator is
+    // needed (and unlisted when done).
+    list(client, ns, &fence.resources[0]).await?;
     // The status write a grant to `pod` is: holder and token.
     let grant = |pod: &WriterPod, token: i64| {
         let leases = leases.clone();

@@ -26,8 +26,6 @@ use fenced_lease::api::FencedLease;
 use fenced_lease::fence::kube::stamp;
 use fenced_lease::fence::postgres::FencedTable;
 use fenced_lease::holder::{AcquireOptions, acquire};
-use fenced_lease::operator::core::fence::binding_name;
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -460,13 +458,6 @@ async fn set_up(args: &Args, client: &Client) -> Result<()> {
     Api::<RoleBinding>::namespaced(client.clone(), ns)
         .create(&create, &role_binding)
         .await?;
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let binding = binding_name(&args.namespace, LEASE);
-    wait_until(Duration::from_secs(30), || async {
-        matches!(bindings.get_opt(&binding).await, Ok(Some(_)))
-    })
-    .await
-    .map_err(|e| format!("the operator did not create binding {binding}: {e}"))?;
     // Policies and bindings reach admission through informers: probe with dry runs until a
     // malformed token is refused and a well-formed one finds the lease as params.
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);

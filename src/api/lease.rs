@@ -53,8 +53,9 @@ pub struct FencedLeaseSpec {
     pub annotate_holder_pod: bool,
 
     /// Have the apiserver refuse writes to objects labelled `fencing.dev/lease=<this lease>`
-    /// whose `fencing.dev/token` annotation is below this lease's current token (the operator
-    /// keeps a ValidatingAdmissionPolicyBinding for the lease while this is on).
+    /// whose `fencing.dev/token` annotation is below this lease's current token, or written by
+    /// a pod that does not hold it (deploy/admission/fence-policy.yaml's binding
+    /// `fenced-lease-objects` reads this field).
     #[serde(default)]
     pub fence_objects: bool,
 

@@ -6,7 +6,7 @@
 //! writer's token ([`stamp`]); the apiserver then refuses it when the token is
 //! - lower than the token stored on the object (policy [`OBJECT_POLICY`]): exact, since
 //!   admission compares with the stored object in the same storage transaction as the write;
-//! - lower than the lease's current token (policy [`LEASE_POLICY`], bound for each lease with
+//! - lower than the lease's current token (policy [`LEASE_POLICY`], for a lease with
 //!   `spec.fenceObjects: true`): this rule reads the lease from the apiserver's informer cache,
 //!   so it can lag a grant by a short window; it also covers objects the new holder has not
 //!   written yet.

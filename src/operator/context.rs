@@ -8,11 +8,12 @@ use std::time::Duration;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
+use super::admission::Admission;
 use super::events::Events;
 use super::metrics::Metrics;
 use super::state::{
-    BindingCache, Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites,
-    PendingRecords, PolicyCache, Positions, RecordsAhead, Swept, Wakeups,
+    Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites, PendingRecords,
+    Positions, RecordsAhead, Swept, Wakeups,
 };
 use crate::api::FencedLease;
 
@@ -58,10 +59,8 @@ pub struct Context {
     pub written: Arc<OwnWrites>,
     /// Leases the sweep, or the pacing of deletions, has queued whose reconcile has not finished.
     pub swept: Swept,
-    /// The operator's admission policy bindings, as watched, and when it last wrote each.
-    pub fence_bindings: BindingCache,
-    /// The policies of its kinds bindings, likewise.
-    pub fence_policies: PolicyCache,
+    /// The admission objects of the fence, as watched: whether a lease's fence is in force.
+    pub admission: Admission,
     /// Token records waiting to be written, one write per ConfigMap at a time.
     pub records: PendingRecords,
     /// Token records read when a lease was first seen, for its first grant.

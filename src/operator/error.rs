@@ -30,6 +30,9 @@ pub enum Error {
     /// until they are.
     #[error("the lease's fence is not in force, so no claim is granted: {0}")]
     Fence(Box<Error>),
+    /// Why a lease's fence is not in force (always inside [`Error::Fence`]).
+    #[error("{0}")]
+    FenceGap(String),
 }
 
 impl Error {
@@ -44,7 +47,7 @@ impl Error {
             Error::Contended(_) => "contended",
             Error::Unexpected(_) => "unexpected",
             Error::TokenRecord { .. } => "token_record",
-            Error::Fence(_) => "fence",
+            Error::Fence(_) | Error::FenceGap(_) => "fence",
         }
     }
 
@@ -57,7 +60,7 @@ impl Error {
             Error::Contended(_) => "Contended",
             Error::Unexpected(_) => "UnexpectedObject",
             Error::TokenRecord { .. } => "TokenRecordUnreadable",
-            Error::Fence(_) => "FenceNotInForce",
+            Error::Fence(_) | Error::FenceGap(_) => "FenceNotInForce",
         }
     }
 

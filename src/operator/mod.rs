@@ -9,6 +9,7 @@
 //! - [`reconcile`]: making the cluster match the decisions;
 //! - [`runtime`]: watches, controllers, leader election, the HTTP endpoints.
 
+pub mod admission;
 pub mod context;
 pub mod core;
 pub mod error;

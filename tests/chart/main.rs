@@ -23,9 +23,11 @@ use std::time::Duration;
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLeaseClaim, token_annotation_key};
+use fenced_lease::operator::admission::shipped;
 use helm::{Release, chart_dir, documents, find, render, render_dir, render_with, run_ok};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use operator::ChartOperator;
 use serde_json::{Value, json};
 
@@ -479,47 +481,43 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     })
     .await;
 
-    // The lease's admission binding, and the policy of its kinds, edited by hand, are put back.
-    let binding = format!("fenced-lease.{}.l", ns.name);
-    let kinds_policy = format!("fenced-lease-kinds.{}.l", ns.name);
-    for (kind, name, field, wanted, edit) in [
-        (
-            "validatingadmissionpolicybinding",
-            &binding,
-            "{.spec.validationActions}",
-            "Deny",
-            r#"{"spec":{"validationActions":["Warn"]}}"#,
-        ),
-        (
-            "validatingadmissionpolicy",
-            &kinds_policy,
-            "{.spec.failurePolicy}",
-            "Fail",
-            r#"{"spec":{"failurePolicy":"Ignore"}}"#,
-        ),
-    ] {
-        let read = || {
-            let out = common::control_plane()
-                .kubectl_cmd()
-                .args(["get", kind, name, "-o", &format!("jsonpath={field}")])
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout).to_string()
-        };
-        wait_for(&format!("{kind} {name}"), WAIT, || async {
-            read().contains(wanted).then_some(())
-        })
-        .await;
-        run_ok(
-            common::control_plane()
-                .kubectl_cmd()
-                .args(["patch", kind, name, "--type", "merge", "-p", edit]),
-        );
-        wait_for(&format!("{kind} {name} put back"), WAIT, || async {
-            read().contains(wanted).then_some(())
-        })
-        .await;
-    }
+    // The kinds slot that lists the namespace, edited by hand, is put back.
+    let slot = wait_for("a kinds slot listing the namespace", WAIT, || async {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(ns.client.clone());
+        for name in shipped::slot_names() {
+            let policy = policies.get(&name).await.ok()?;
+            if let Ok(Some(a)) = shipped::assignment(&policy)
+                && a.namespaces.contains(&ns.name)
+            {
+                return Some(name);
+            }
+        }
+        None
+    })
+    .await;
+    let read = || {
+        let out = common::control_plane()
+            .kubectl_cmd()
+            .args(["get", "validatingadmissionpolicy", &slot])
+            .args(["-o", "jsonpath={.spec.failurePolicy}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(read(), "Fail");
+    run_ok(common::control_plane().kubectl_cmd().args([
+        "patch",
+        "validatingadmissionpolicy",
+        &slot,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"failurePolicy":"Ignore"}}"#,
+    ]));
+    wait_for(&format!("{slot} put back"), WAIT, || async {
+        (read() == "Fail").then_some(())
+    })
+    .await;
 
     // Release: b is next, at once.
     delete::<FencedLeaseClaim>(ns, "a").await;

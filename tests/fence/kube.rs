@@ -1,7 +1,7 @@
-//! Kubernetes objects fenced by the apiserver itself (deploy/admission/fence-policy.yaml):
-//! the per-object rule (a write's token against the token stored on the object), the lease
-//! rule (against the lease's current token, through the binding the operator keeps for a
-//! lease with spec.fenceObjects), and the binding's life cycle.
+//! Kubernetes objects fenced by the apiserver itself (deploy/admission/): the per-object rule
+//! (a write's token against the token stored on the object), the lease rule (against the
+//! lease's current token, for a lease with spec.fenceObjects), and the kinds slots the
+//! operator keeps for spec.fence.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -15,13 +15,11 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, api_error_message, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION};
 use fenced_lease::fence::{self, kube::stamp_patch};
-use fenced_lease::operator::core::fence::{binding_name, desired_binding, kinds_binding_name};
-use fenced_lease::operator::core::fence_policy::desired_kinds_policy;
+use fenced_lease::operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -245,18 +243,34 @@ async fn create_fencing_lease(ns: &TestNamespace, name: &str) {
     );
 }
 
-async fn binding(ns: &TestNamespace, lease: &str) -> Option<ValidatingAdmissionPolicyBinding> {
-    named_binding(ns, binding_name(&ns.name, lease)).await
+/// The kinds slots that list namespace `ns` for `resource` (core group), as stored.
+async fn slots_listing(ns: &TestNamespace, resource: &str) -> Vec<String> {
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
+    let mut listing = vec![];
+    for name in shipped::slot_names() {
+        let policy = policies
+            .get(&name)
+            .await
+            .expect("the kinds slots are installed");
+        if let Ok(Some(a)) = shipped::assignment(&policy)
+            && a.kind.resource == resource
+            && a.namespaces.contains(&ns.name)
+        {
+            listing.push(name);
+        }
+    }
+    listing
 }
 
-async fn named_binding(
-    ns: &TestNamespace,
-    name: String,
-) -> Option<ValidatingAdmissionPolicyBinding> {
-    Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone())
-        .get_opt(&name)
-        .await
-        .expect("get binding")
+/// Admission objects in the cluster, by kind: the operator creates and deletes none.
+async fn admission_objects(ns: &TestNamespace) -> (usize, usize) {
+    let lp = kube::api::ListParams::default();
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone());
+    (
+        policies.list_metadata(&lp).await.unwrap().items.len(),
+        bindings.list_metadata(&lp).await.unwrap().items.len(),
+    )
 }
 
 #[tokio::test]
@@ -265,7 +279,6 @@ async fn lease_rule_refuses_tokens_below_the_lease_s_current_token() {
     ns.with_fence_policies().await;
     let _op = OperatorProcess::start(&ns.name, &[]);
     create_fencing_lease(&ns, "payouts").await;
-    wait_for("the lease's binding", WAIT, || binding(&ns, "payouts")).await;
     ns.create_claim("a", "payouts", None).await;
     let ta = wait_for("a granted", WAIT, || ns.granted_token("a")).await;
     let api = ns.api::<ConfigMap>();
@@ -320,115 +333,85 @@ async fn lease_rule_refuses_tokens_below_the_lease_s_current_token() {
 }
 
 #[tokio::test]
-async fn operator_keeps_a_binding_exactly_while_the_lease_fences_objects() {
-    let ns = TestNamespace::new("fence-binding").await;
+async fn operator_lists_a_namespace_in_a_kinds_slot_exactly_while_a_lease_there_fences_the_kind() {
+    let ns = TestNamespace::new("fence-slots").await;
+    ns.with_fence_policies().await;
+    let before = admission_objects(&ns).await;
     let mut op = OperatorProcess::start(&ns.name, &[]);
-    create_fencing_lease(&ns, "payouts").await;
-    let b = wait_for("the binding", WAIT, || binding(&ns, "payouts")).await;
-    let param = b.spec.param_ref.unwrap();
-    assert_eq!(
-        (param.name.as_deref(), param.namespace.as_deref()),
-        (Some("payouts"), Some(ns.name.as_str()))
-    );
-
     let leases = ns.api::<FencedLease>();
-    let set = |spec: serde_json::Value| {
+    let fence = |lease: &'static str, value: serde_json::Value| {
         let leases = leases.clone();
         async move {
+            let patch = Patch::Merge(json!({ "spec": { "fence": value } }));
             leases
-                .patch(
-                    "payouts",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "spec": spec })),
-                )
+                .patch(lease, &PatchParams::default(), &patch)
                 .await
                 .unwrap();
         }
     };
-    set(json!({"fenceObjects": false})).await;
-    wait_for("the binding deleted", WAIT, || async {
-        binding(&ns, "payouts").await.is_none().then_some(())
-    })
-    .await;
-    set(json!({"fenceObjects": true})).await;
-    wait_for("the binding back", WAIT, || binding(&ns, "payouts")).await;
-
-    // spec.fence: a second binding, for the kinds it names, kept and removed the same way.
-    let kinds = || named_binding(&ns, kinds_binding_name(&ns.name, "payouts"));
-    let fence = |value: serde_json::Value| set(json!({ "fence": value }));
-    fence(json!({"resources": [{"group": "apps", "resource": "deployments"}]})).await;
-    let b = wait_for("the kinds binding", WAIT, kinds).await;
-    let rules = b.spec.match_resources.unwrap().resource_rules.unwrap();
-    assert_eq!(
-        rules[0].resources.as_deref(),
-        Some(&["deployments".to_string(), "deployments/*".to_string()][..])
-    );
-    fence(json!({"resources": [{"resource": "configmaps"}]})).await;
-    wait_for("the kinds binding follows the spec", WAIT, || async {
-        let b = kinds().await?;
-        let rules = b.spec.match_resources?.resource_rules?;
-        (rules[0].resources.as_deref()? == ["configmaps", "configmaps/*"]).then_some(())
-    })
-    .await;
-    let kinds_policy = || async {
-        Api::<ValidatingAdmissionPolicy>::all(ns.client.clone())
-            .get_opt(&kinds_binding_name(&ns.name, "payouts"))
-            .await
-            .expect("get policy")
+    let listed = |resource: &'static str, want: bool| {
+        let ns = &ns;
+        move || async move { (slots_listing(ns, resource).await.is_empty() != want).then_some(()) }
     };
-    let policy = kinds_policy()
-        .await
-        .expect("the kinds binding's own policy");
-    let constraints = policy.spec.unwrap().match_constraints.unwrap();
-    assert_eq!(
-        constraints.resource_rules.unwrap()[0].resources.as_deref(),
-        Some(&["configmaps".to_string(), "configmaps/*".to_string()][..]),
-        "the policy matches what its binding does"
-    );
-    fence(serde_json::Value::Null).await;
-    wait_for("the kinds binding deleted", WAIT, || async {
-        kinds().await.is_none().then_some(())
-    })
+    create_fencing_lease(&ns, "payouts").await;
+    fence("payouts", json!({"resources": [{"resource": "secrets"}]})).await;
+    wait_for("secrets listed", WAIT, listed("secrets", true)).await;
+    fence(
+        "payouts",
+        json!({"resources": [{"resource": "configmaps"}]}),
+    )
     .await;
-    wait_for("its policy deleted", WAIT, || async {
-        kinds_policy().await.is_none().then_some(())
-    })
-    .await;
-    assert!(
-        binding(&ns, "payouts").await.is_some(),
-        "the label binding stays"
-    );
-    fence(json!({"resources": [{"resource": "configmaps"}]})).await;
-    wait_for("the kinds binding back", WAIT, kinds).await;
+    wait_for("configmaps listed", WAIT, listed("configmaps", true)).await;
+    wait_for("secrets no longer listed", WAIT, listed("secrets", false)).await;
 
-    // The bindings go before the lease's finalizer does.
+    // Another lease of the namespace fencing the same kind keeps it listed.
+    create_fencing_lease(&ns, "other").await;
+    fence("other", json!({"resources": [{"resource": "configmaps"}]})).await;
     ns.delete_lease("payouts").await;
-    assert!(binding(&ns, "payouts").await.is_none());
-    assert!(kinds().await.is_none());
-    assert!(kinds_policy().await.is_none());
+    tokio::time::sleep(Duration::from_secs(2)).await; // nothing is to happen: give it the chance
+    assert_eq!(
+        slots_listing(&ns, "configmaps").await.len(),
+        1,
+        "kept for `other`"
+    );
 
-    // One left behind (its lease deleted while no operator ran) goes when an operator starts.
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone());
-    bindings
-        .create(&PostParams::default(), &desired_binding(&ns.name, "gone"))
+    // Edited by hand: put back.
+    let slot = slots_listing(&ns, "configmaps").await.remove(0);
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
+    let mut edited = policies.get(&slot).await.unwrap();
+    let mut assigned = shipped::assignment(&edited).unwrap().unwrap();
+    assigned.namespaces.remove(&ns.name);
+    edited.spec = shipped::slot_policy(0, Some(&assigned).filter(|a| !a.namespaces.is_empty()))
+        .unwrap()
+        .spec;
+    policies
+        .replace(&slot, &PostParams::default(), &edited)
         .await
         .unwrap();
-    let fence: fenced_lease::api::FenceSpec =
-        serde_json::from_value(json!({"resources": [{"resource": "configmaps"}]})).unwrap();
-    let orphan = desired_kinds_policy(&ns.name, "gone", &fence).unwrap();
-    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
-    policies
-        .create(&PostParams::default(), &orphan)
+    wait_for("listed again", WAIT, listed("configmaps", true)).await;
+
+    // A lease deleted while no operator ran (its finalizer stripped) leaves the slot when
+    // one starts.
+    op.kill();
+    let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    leases
+        .patch("other", &PatchParams::default(), &strip)
+        .await
+        .unwrap();
+    leases
+        .delete("other", &DeleteParams::default())
         .await
         .unwrap();
     op.restart();
-    wait_for("the orphaned binding deleted", WAIT, || async {
-        binding(&ns, "gone").await.is_none().then_some(())
-    })
+    wait_for(
+        "the namespace leaves the slot",
+        WAIT,
+        listed("configmaps", false),
+    )
     .await;
-    wait_for("the orphaned policy deleted", WAIT, || async {
-        let gone = policies.get_opt(&orphan.name_any()).await.unwrap();
-        gone.is_none().then_some(())
-    })
-    .await;
+    assert_eq!(
+        admission_objects(&ns).await,
+        before,
+        "the operator created or deleted an admission object"
+    );
 }

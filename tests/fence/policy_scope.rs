@@ -5,9 +5,10 @@
 //! *policy* matches, whatever its bindings say. A safety run saw it: after an apiserver
 //! restart, every namespaced write of the cluster (the operators' leader lease among them) was
 //! refused for 30 s, because the shared lease rules matched every namespaced kind. That
-//! moment cannot be brought about on demand, so this test copies the policies and bindings the
-//! operator keeps for a lease, with a paramKind no apiserver can resolve, and checks what the
-//! copies refuse: the lease's fenced objects, and nothing else.
+//! moment cannot be brought about on demand, so this test copies the policies and bindings
+//! that fence a lease (the kinds slot that lists its namespace, the binding of labelled
+//! objects), with a paramKind no apiserver can resolve, and checks what the copies refuse:
+//! the lease's fenced objects, and nothing else.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
-use fenced_lease::operator::core::fence::{binding_name, kinds_binding_name};
+use fenced_lease::operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -49,9 +50,10 @@ fn named(name: &str, labels: serde_json::Value) -> serde_json::Value {
 }
 
 /// Copies of `bindings` and their policies, named `prefix-N`, whose policies read their
-/// params from a kind that does not exist.
+/// params from a kind that does not exist, matching in `namespace` only.
 async fn create_broken_copies(
     client: &kube::Client,
+    namespace: &str,
     prefix: &str,
     bindings: &[ValidatingAdmissionPolicyBinding],
 ) {
@@ -66,6 +68,13 @@ async fn create_broken_copies(
         let original = policies.get(&binding.spec.policy_name).await.unwrap();
         let mut spec = original.spec.unwrap();
         spec.param_kind.as_mut().unwrap().kind = Some("FencedLeaseNowhere".into());
+        // Only here: other namespaces' tests are not this one's to disturb.
+        spec.match_constraints.as_mut().unwrap().namespace_selector = Some(
+            serde_json::from_value(
+                json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}}),
+            )
+            .unwrap(),
+        );
         let policy = ValidatingAdmissionPolicy {
             metadata: meta.clone(),
             spec: Some(spec),
@@ -111,28 +120,30 @@ async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lea
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The binding of labelled objects, and the kinds slot that lists the namespace.
     let binding_api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ns.client.clone());
-    let mut bindings = vec![];
-    for name in [
-        binding_name(&ns.name, "books"),
-        kinds_binding_name(&ns.name, "books"),
-    ] {
-        let api = binding_api.clone();
-        let found = wait_for(&format!("binding {name}"), WAIT, || async {
-            api.get_opt(&name).await.ok().flatten()
-        })
-        .await;
-        bindings.push(found);
-    }
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(ns.client.clone());
-    let kinds_policy = &bindings[1].spec.policy_name;
-    let kept = wait_for("the kinds binding's policy", WAIT, || async {
-        policies.get_opt(kinds_policy).await.ok().flatten()
+    let kept = wait_for("a kinds slot listing the namespace", WAIT, || async {
+        for name in shipped::slot_names() {
+            let policy = policies.get(&name).await.ok()?;
+            if let Ok(Some(a)) = shipped::assignment(&policy)
+                && a.kind.resource == "configmaps"
+                && a.namespaces.contains(&ns.name)
+            {
+                return Some(policy);
+            }
+        }
+        None
     })
     .await;
+    let kinds_policy = kept.name_any();
+    let mut bindings = vec![];
+    for name in [shipped::OBJECTS_BINDING.to_string(), kinds_policy.clone()] {
+        bindings.push(binding_api.get(&name).await.unwrap());
+    }
 
     let prefix = format!("broken-{}", ns.name);
-    create_broken_copies(&ns.client, &prefix, &bindings).await;
+    create_broken_copies(&ns.client, &ns.name, &prefix, &bindings).await;
     let (configmaps, secrets) = (ns.api::<ConfigMap>(), ns.api::<Secret>());
     let labelled = json!({"fencing.dev/lease": "books"});
     // In force once the lease's fenced objects are refused with the configuration error.
@@ -171,8 +182,8 @@ async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lea
         );
     }
 
-    // The operator left its policy as it wrote it: the apiserver's defaults are no change.
-    let now = policies.get(kinds_policy).await.unwrap();
+    // The operator left its slot as it wrote it: the apiserver's defaults are no change.
+    let now = policies.get(&kinds_policy).await.unwrap();
     assert_eq!(
         now.resource_version(),
         kept.resource_version(),

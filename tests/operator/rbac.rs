@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, token_annotation_key};
-use fenced_lease::operator::core::fence::binding_name;
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use fenced_lease::operator::admission::shipped;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -40,6 +40,7 @@ async fn create<
 #[tokio::test]
 async fn operator_works_with_only_its_documented_role() {
     let ns = TestNamespace::new("op-rbac-self").await;
+    ns.with_fence_policies().await;
     let _ = ns.client_as_service_account("operator").await;
     let rbac = std::fs::read_to_string(repo_root().join("deploy/rbac/operator.yaml")).unwrap();
     let out = ns.kubectl_apply(&rbac);
@@ -74,8 +75,13 @@ async fn operator_works_with_only_its_documented_role() {
         ("update", "fencedleases.fencing.dev", "status"),
         ("create", "configmaps", ""),
         (
-            "create",
+            "watch",
             "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+            "",
+        ),
+        (
+            "update",
+            "validatingadmissionpolicies.admissionregistration.k8s.io/fenced-lease-kinds-15",
             "",
         ),
     ] {
@@ -109,7 +115,7 @@ async fn operator_works_with_only_its_documented_role() {
         &kubeconfig,
     );
 
-    create::<FencedLease>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {"fenceObjects": true}})).await;
+    create::<FencedLease>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {"fenceObjects": true, "fence": {"resources": [{"resource": "configmaps"}]}}})).await;
     create::<Pod>(&ns, json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "example.invalid/x:1"}]}})).await;
     for (claim, pod) in [("a", Some("p")), ("b", None)] {
         let mut spec = json!({"leaseName": "l", "holderIdentity": claim});
@@ -127,13 +133,23 @@ async fn operator_works_with_only_its_documented_role() {
         (pod.metadata.annotations?.get(&key)? == &token.to_string()).then_some(())
     })
     .await;
-    // spec.fenceObjects: the operator keeps the lease's admission binding.
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone());
-    let binding = binding_name(&ns.name, "l");
-    wait_for("the fence binding", WAIT, || async {
-        bindings.get_opt(&binding).await.unwrap()
-    })
-    .await;
+    // spec.fence: granted once a kinds slot lists the namespace, which only the operator writes.
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
+    let listed = || async {
+        for name in shipped::slot_names() {
+            let policy = policies.get(&name).await.unwrap();
+            if let Ok(Some(a)) = shipped::assignment(&policy)
+                && a.namespaces.contains(&ns.name)
+            {
+                return Some(name);
+            }
+        }
+        None
+    };
+    assert!(
+        listed().await.is_some(),
+        "granted before a slot listed the namespace"
+    );
     ns.api::<FencedLeaseClaim>()
         .delete("a", &DeleteParams::default())
         .await
@@ -143,10 +159,10 @@ async fn operator_works_with_only_its_documented_role() {
 
     // Deletion goes through the finalizer, which writes the ConfigMap it may write.
     ns.delete_lease("l").await;
-    assert!(
-        bindings.get_opt(&binding).await.unwrap().is_none(),
-        "the fence binding outlived its lease"
-    );
+    wait_for("the slot no longer lists the namespace", WAIT, || async {
+        listed().await.is_none().then_some(())
+    })
+    .await;
     let cm = ns
         .api::<k8s_openapi::api::core::v1::ConfigMap>()
         .get(&format!("fenced-lease-tokens.{}", ns.name))

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::report::report;
 use super::write_status::{Outcome, claims_of, write_lease_status};
-use super::{Action, claims, fence_bindings, pods, token_records};
+use super::{Action, claims, pods, token_records};
 use crate::api::{
     ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus, duration_from_seconds,
 };
@@ -46,9 +46,7 @@ pub async fn finalize(
             latest = Some(written);
             claims::repair(ctx, &status, &plan, claims, ns, name).await?;
         }
-        pods::repair_annotations(ctx, lease, ns, name).await?;
-        // The bindings that fence its objects go with the lease (an orphan is also swept).
-        fence_bindings::sync(ctx, lease).await
+        pods::repair_annotations(ctx, lease, ns, name).await
     };
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");

@@ -14,8 +14,9 @@ use tracing::warn;
 
 use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
-use super::{Action, claims, fence_bindings, finalize, pods, token_records};
+use super::{Action, claims, finalize, pods, token_records};
 use crate::api::FencedLease;
+use crate::operator::admission::Check;
 use crate::operator::context::Context;
 use crate::operator::core::status;
 use crate::operator::error::{Error, Result, timed, truncate};
@@ -122,27 +123,24 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         }
     };
 
-    // The bindings that fence the lease's objects come before any grant: a binding reaches
-    // admission through the apiserver's informers, so after creating or restoring one (or its
-    // policy) the lease is decided again only once it is in force, even if the sync then
-    // failed. A lease whose fence could not be put in place grants no one (I12: fail closed,
-    // condition Held=False FenceNotInForce); its holder keeps its term and expiries and
-    // releases go on. The error is returned once they are done (Event, metric, retry).
-    let asks = lease.spec.fence_objects || lease.spec.fence.is_some();
-    // A failure about a binding the lease no longer asks for holds up nothing: what is left
-    // fences more, never less.
-    let fenced = fence_bindings::sync(ctx, &lease)
-        .await
-        .map_err(|e| if asks { Error::Fence(Box::new(e)) } else { e });
-    if let Some(in_force) = fence_bindings::settling(ctx, &lease) {
-        return Ok(Action::requeue(
-            in_force.saturating_duration_since(Instant::now()),
-        ));
-    }
+    // The fence comes before any grant: a lease whose fence is not in force grants no one
+    // (I12: fail closed, condition Held=False FenceNotInForce); its holder keeps its term and
+    // expiries and releases go on. The error is returned once they are done (Event, metric,
+    // retry). One whose kinds slot is being updated, or was just updated, is decided again
+    // once the apiserver has it.
+    let fenced = match ctx.admission.check(&lease) {
+        Check::InForce => Ok(()),
+        Check::Settling(in_force) => {
+            return Ok(Action::requeue(
+                in_force.saturating_duration_since(Instant::now()),
+            ));
+        }
+        Check::Pending => return Ok(Action::await_change()),
+        Check::NotInForce(why) => Err(Error::Fence(Box::new(Error::FenceGap(why)))),
+    };
     let unfenced = fenced
         .as_ref()
         .err()
-        .filter(|e| matches!(e, Error::Fence(_)))
         .map(|e| truncate(&e.to_string(), 1024).to_string());
 
     let written = match write_lease_status(ctx, &api, (*lease).clone(), unfenced.as_deref()).await {

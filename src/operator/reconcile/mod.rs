@@ -2,7 +2,7 @@
 //! status written, the linearization point; [`finalize`]: a deleted lease; [`claims`]: its
 //! claims' statuses), and what it calls: [`expire`] (an expiry confirmed on a fresh read and
 //! made final, I9), [`pods`] (pod presence and token annotations), [`token_records`] (the
-//! finalizer that keeps tokens growing across deletion of a lease), [`fence_bindings`]. Apart:
+//! finalizer that keeps tokens growing across deletion of a lease). Apart:
 //! [`missing_lease`] (claims of leases that do not exist), [`orphans`] (token annotations
 //! of leases that are gone) and [`positions`] (waiters' queue positions, written off the
 //! hand-over's path).
@@ -11,7 +11,6 @@ use std::time::Duration;
 
 pub mod claims;
 pub mod expire;
-pub mod fence_bindings;
 pub mod finalize;
 pub mod lease;
 mod lookup;

@@ -1,9 +1,10 @@
 //! What leases that are gone left behind. A lease deleted while its finalizer could not run
-//! (stripped by hand, the operator down) leaves its token on the holder's pod, and its
-//! admission objects; so does a pod the operator meets for the first time carrying the token
-//! of a lease that no longer exists. Each is removed once the API confirms the lease is gone:
-//! an annotation because only a pod that holds the lease carries its token (I5), admission
-//! objects because nothing a lease left may refuse a write once it is gone (I12).
+//! (stripped by hand, the operator down) leaves its token on the holder's pod; so does a pod
+//! the operator meets for the first time carrying the token of a lease that no longer exists.
+//! It is removed once the API confirms the lease is gone, because only a pod that holds the
+//! lease carries its token (I5). A lease's kinds leave the kinds slots when it goes (the
+//! slots' keeper reads the cache), so that nothing a lease left refuses a write (I12) even
+//! while the apiserver cannot read FencedLeases.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::fence_bindings;
 use super::lookup::lease_exists;
 use super::pods::set_annotation;
 use crate::api::token_annotation_key;
@@ -33,8 +33,8 @@ pub struct Orphan {
 pub enum Left {
     /// Its token annotation on this pod.
     Annotation { pod: String },
-    /// Its admission objects (bindings and policy), which would otherwise wait for the sweep.
-    FenceObjects,
+    /// Its kinds' places in the kinds slots (unless another lease there fences them too).
+    FenceSlots,
 }
 
 /// Removes orphaned annotations until `stop`.
@@ -66,15 +66,17 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::erro
         lease,
         left,
     } = orphan;
-    if *left == Left::FenceObjects && !fence_bindings::any_cached(ctx, ns, lease) {
-        return Ok(()); // most leases fence nothing: no call
+    if *left == Left::FenceSlots {
+        // The keeper of the kinds slots reads the cache: no call.
+        ctx.admission.forget(ns, lease);
+        return Ok(());
     }
     if lease_exists(ctx, ns, lease).await? {
         return Ok(()); // the lease reconciler owns these
     }
     let pod = match left {
         Left::Annotation { pod } => pod,
-        Left::FenceObjects => return fence_bindings::remove_all(ctx, ns, lease).await,
+        Left::FenceSlots => return Ok(()),
     };
     let key = token_annotation_key(lease);
     let Some(cached) = ctx.pods.get(ns, pod) else {

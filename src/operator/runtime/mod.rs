@@ -7,7 +7,6 @@
 //! [`runner`]: the runner of claims of missing leases; [`leader`]: leader election; [`http`]:
 //! health and metrics endpoints.
 
-pub mod bindings;
 pub mod feeds;
 pub mod http;
 pub mod leader;

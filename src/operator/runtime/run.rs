@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::DynamicObject;
@@ -23,14 +26,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::feeds::{self, Memory, Receivers, Triggers};
-use super::{bindings, runner, sweep};
+use super::{runner, sweep};
 use crate::api::FencedLease;
+use crate::operator::admission::{self, Admission};
 use crate::operator::context::{Context, Kube};
 use crate::operator::error::truncate;
 use crate::operator::events::Events;
 use crate::operator::metrics::Metrics;
 use crate::operator::reconcile::{lease, missing_lease, orphans, positions};
-use crate::operator::state::{BindingCache, PolicyCache};
 
 /// Settings of one operator run.
 #[derive(Clone, Debug)]
@@ -77,35 +80,20 @@ pub async fn run(
     metrics
         .leases
         .watch(memory.leases.clone(), memory.claims.clone());
-    let (bindings, binding_writer) = BindingCache::new();
-    let (policies, policy_writer) = PolicyCache::new();
-    let ctx = context(
-        &kube,
-        &settings,
-        &memory,
-        events,
-        metrics.clone(),
-        (bindings.clone(), policies.clone()),
-    );
+    let (policies, policy_writer) = reflector::store();
+    let (bindings, binding_writer) = reflector::store();
+    let fence = Admission::new(policies, bindings);
+    let ctx = context(&kube, &settings, &memory, events, metrics.clone(), fence);
     let mut tasks = feeds::start(
         &kube, ns, unreadable, &memory, writers, &triggers, metrics, &stop,
     );
-    let again = triggers.leases.clone();
-    tasks.push(bindings::watch(
-        kube.clone(),
-        ns,
-        bindings,
-        binding_writer,
-        again.clone(),
-        stop.clone(),
-    ));
-    tasks.push(bindings::watch(
-        kube,
-        ns,
-        policies,
+    tasks.extend(admission_tasks(
+        &ctx,
+        &settings,
         policy_writer,
-        again,
-        stop.clone(),
+        binding_writer,
+        &triggers,
+        &stop,
     ));
     let (to_controller, controller_triggers) = mpsc::unbounded_channel();
     tasks.extend(workers(
@@ -204,7 +192,7 @@ fn context(
     memory: &Memory,
     events: Events,
     metrics: Arc<Metrics>,
-    (fence_bindings, fence_policies): (BindingCache, PolicyCache),
+    admission: Admission,
 ) -> Arc<Context> {
     Arc::new(Context {
         kube: kube.clone(),
@@ -226,9 +214,47 @@ fn context(
         swept: Default::default(),
         records: Default::default(),
         records_ahead: Default::default(),
-        fence_bindings,
-        fence_policies,
+        admission,
     })
+}
+
+/// The watches of the admission objects, and the keeper of the kinds slots.
+fn admission_tasks(
+    ctx: &Arc<Context>,
+    settings: &Settings,
+    policies: reflector::store::Writer<ValidatingAdmissionPolicy>,
+    bindings: reflector::store::Writer<ValidatingAdmissionPolicyBinding>,
+    triggers: &Triggers,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let (client, fence) = (&ctx.kube.client, &ctx.admission);
+    let again = triggers.leases.clone();
+    let writer = admission::sync::Writer {
+        client: client.clone(),
+        timeout: ctx.kube.timeout,
+        namespaces: settings.namespaces.clone(),
+    };
+    let (synced, watched) = (ctx.clone(), fence.clone());
+    let keeper = admission::sync::run(
+        fence.clone(),
+        ctx.leases.clone(),
+        writer,
+        again.clone(),
+        move || synced.is_synced() && watched.is_ready(),
+        stop.clone(),
+    );
+    let feed = admission::watch::Feed {
+        client: client.clone(),
+        admission: fence.clone(),
+        leases: ctx.leases.clone(),
+        triggers: again.clone(),
+        stop: stop.clone(),
+    };
+    vec![
+        admission::watch::watch(policies, feed.clone()),
+        admission::watch::watch(bindings, feed),
+        tokio::spawn(keeper),
+    ]
 }
 
 /// The lease controller, until `stop`: each triggered lease reconciled as the cache has it

@@ -9,11 +9,9 @@
 //! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
 //!   records waiting to be written, and read ahead of a first grant; [`positions`]: queue
 //!   positions waiting to be written;
-//!   [`bindings`]: its fence bindings and policies as watched;
 //!   [`swept`]: leases queued by the sweep or the router, counted by namespace; [`failures`]:
 //!   failed reconciles in a row.
 
-pub mod bindings;
 pub mod cache;
 pub mod claim;
 pub mod failures;
@@ -26,7 +24,6 @@ pub mod records;
 pub mod swept;
 pub mod wakeups;
 
-pub use bindings::{BindingCache, PolicyCache};
 pub use cache::{Cache, Keyed};
 pub use claim::CachedClaim;
 pub use failures::Failures;

@@ -7,9 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fenced_lease::api::FencedLease;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
+use fenced_lease::operator::admission::shipped;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{
@@ -578,36 +577,62 @@ impl Nemesis<'_> {
         );
     }
 
-    /// Waits up to `within` for the operator to delete the admission objects of lease `lease`,
-    /// which is gone; says how long it took, or what is left.
+    /// Waits up to `within` for the kinds slots to stop listing the namespace for the kinds
+    /// only lease `lease`, which is gone, fenced there; says how long it took, or what is left.
     async fn admission_objects_left(&self, lease: &str, within: Duration) -> String {
-        let client = self.cluster.ns.client.clone();
-        let selector = format!(
-            "fencing.dev/lease-namespace={},fencing.dev/lease-name={lease}",
-            self.cluster.ns.name
-        );
-        let lp = ListParams::default().labels(&selector);
-        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-        let policies: Api<ValidatingAdmissionPolicy> = Api::all(client);
+        let kinds = |name: &str| -> Vec<(String, String)> {
+            let fence = fence_of(name);
+            let resources = fence["resources"].as_array().cloned().unwrap_or_default();
+            resources
+                .iter()
+                .map(|r| {
+                    let field = |f: &str| r[f].as_str().unwrap_or_default().to_string();
+                    (field("group"), field("resource"))
+                })
+                .collect()
+        };
+        let others: Vec<_> = all_leases()
+            .into_iter()
+            .filter(|(l, _)| *l != lease)
+            .flat_map(|(l, _)| kinds(l))
+            .collect();
+        let alone: Vec<_> = kinds(lease)
+            .into_iter()
+            .filter(|k| !others.contains(k))
+            .collect();
         let started = tokio::time::Instant::now();
         loop {
-            let mut left = vec![];
-            match bindings.list_metadata(&lp).await {
-                Ok(list) => left.extend(list.items.into_iter().filter_map(|b| b.metadata.name)),
-                Err(e) => left.push(format!("(bindings not listed: {e})")),
-            }
-            match policies.list_metadata(&lp).await {
-                Ok(list) => left.extend(list.items.into_iter().filter_map(|p| p.metadata.name)),
-                Err(e) => left.push(format!("(policies not listed: {e})")),
-            }
-            if left.is_empty() {
-                return format!("none left {:?} after the lease was gone", started.elapsed());
+            let listed = self.slots_listing(&alone).await;
+            if listed.is_empty() {
+                return format!(
+                    "the kinds only it fenced ({alone:?}) unlisted {:?} after the lease was gone",
+                    started.elapsed()
+                );
             }
             if started.elapsed() >= within {
-                return format!("still there {within:?} after the lease was gone: {left:?}");
+                return format!("still listed {within:?} after the lease was gone: {listed:?}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The kinds slots that list the run's namespace for one of `kinds` (group, resource).
+    async fn slots_listing(&self, kinds: &[(String, String)]) -> Vec<String> {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.cluster.ns.client.clone());
+        let mut listing = vec![];
+        for name in shipped::slot_names() {
+            let Ok(policy) = policies.get(&name).await else {
+                listing.push(format!("({name} not read)"));
+                continue;
+            };
+            if let Ok(Some(a)) = shipped::assignment(&policy)
+                && a.namespaces.contains(&self.cluster.ns.name)
+                && kinds.contains(&(a.kind.group.clone(), a.kind.resource.clone()))
+            {
+                listing.push(name);
+            }
+        }
+        listing
     }
 
     /// Edits a lease's `spec.fence` (as cluster-admin) to values the schema refuses (issue 38,
@@ -665,14 +690,12 @@ impl Nemesis<'_> {
 
         // Valid: the largest selector the schema admits, on lease d.
         let big = largest_selector();
-        let probe_key = big["matchLabels"]
-            .as_object()
-            .and_then(|m| m.keys().next().cloned())
-            .unwrap_or_default();
         let (accepted, answer) =
             replace_fence(&api, FENCE_ONLY, &["fence", "selector"], &big).await;
+        // The selector is read from the lease itself, by the apiserver: in force while a kinds
+        // slot lists the namespace for the lease's kind.
         let in_force = if accepted {
-            Some(self.kinds_policy_has(FENCE_ONLY, &probe_key, true).await)
+            Some(self.fence_in_place(FENCE_ONLY).await)
         } else {
             None
         };
@@ -705,38 +728,32 @@ impl Nemesis<'_> {
                 if ok { "put back" } else { "NOT put back" }
             ));
         }
-        let back = !self.kinds_policy_has(FENCE_ONLY, &probe_key, false).await;
+        let back = self.fence_in_place(FENCE_ONLY).await;
         self.end(
             kind,
             format!(
-                "{refused} of {} invalid edits of lease {lease} refused; the largest selector on {FENCE_ONLY}: accepted {accepted}, in its kinds policy within 10 s: {in_force:?}; {}; {FENCE_ONLY}'s kinds policy back to its own selector: {back}",
+                "{refused} of {} invalid edits of lease {lease} refused; the largest selector on {FENCE_ONLY}: accepted {accepted}, its kind listed in a kinds slot: {in_force:?}; {}; {FENCE_ONLY}'s kind listed after: {back}",
                 invalid.len(),
                 healed.join(", "),
             ),
         );
     }
 
-    /// Whether lease `lease`'s kinds policy's condition names label `key` (`want`: waits up
-    /// to 10 s for that answer).
-    async fn kinds_policy_has(&self, lease: &str, key: &str, want: bool) -> bool {
-        let name = format!("fenced-lease-kinds.{}.{lease}", self.cluster.ns.name);
-        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.cluster.ns.client.clone());
+    /// Whether a kinds slot lists the run's namespace for lease `lease`'s kinds (waits up to
+    /// 10 s for it).
+    async fn fence_in_place(&self, lease: &str) -> bool {
+        let fence = fence_of(lease);
+        let kinds: Vec<(String, String)> = (fence["resources"].as_array().into_iter().flatten())
+            .map(|r| {
+                let field = |f: &str| r[f].as_str().unwrap_or_default().to_string();
+                (field("group"), field("resource"))
+            })
+            .collect();
         let started = tokio::time::Instant::now();
         loop {
-            let has = policies
-                .get_opt(&name)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|p| {
-                    p.spec
-                        .and_then(|s| s.match_conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.expression.contains(key))
-                });
-            if has == want || started.elapsed() > Duration::from_secs(10) {
-                return has;
+            let listed = !self.slots_listing(&kinds).await.is_empty();
+            if listed || started.elapsed() > Duration::from_secs(10) {
+                return listed;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

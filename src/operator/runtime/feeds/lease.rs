@@ -67,7 +67,7 @@ where
 }
 
 /// Forgets a deleted lease's metrics, timer and queue positions, and sends what it left behind
-/// (token annotations on pods, admission objects) to be removed.
+/// (token annotations on pods, its kinds' places in the kinds slots) to be removed.
 fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     metrics.forget_lease(&ns, &name);
@@ -76,7 +76,7 @@ fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedL
     let pods = memory.pods_by_lease.get(&ns, &name).into_iter();
     let left = pods
         .map(|pod| Left::Annotation { pod })
-        .chain([Left::FenceObjects]);
+        .chain([Left::FenceSlots]);
     for left in left {
         let _ = triggers.orphans.send(Orphan {
             namespace: ns.clone(),
