@@ -32,10 +32,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use fenced_lease::api::FencedResource;
 use fenced_lease::api::{FenceSpec, FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
 use fenced_lease::fence::kube::LEASE_POLICY;
 use fenced_lease::fence::postgres::FencedTable;
-use fenced_lease::api::FencedResource;
 use fenced_lease::operator::admission::shipped::{self, Assignment};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -183,7 +183,9 @@ async fn write_slot(
 ) -> Result<()> {
     stored.spec = shipped::slot_policy(i, assigned)?.spec;
     let name = shipped::slot_name(i);
-    policies.replace(&name, &PostParams::default(), &stored).await?;
+    policies
+        .replace(&name, &PostParams::default(), &stored)
+        .await?;
     Ok(())
 }
 

@@ -108,6 +108,44 @@ async fn operator_works_with_only_its_documented_role() {
         )
         .await;
     }
+    // Its admission objects only its own (I12): no admission object created, deleted or
+    // changed but the kinds slots' policies.
+    for (verb, resource) in [
+        ("create", "validatingadmissionpolicies"),
+        (
+            "delete",
+            "validatingadmissionpolicies/fenced-lease-kinds-00",
+        ),
+        (
+            "update",
+            "validatingadmissionpolicies/fenced-lease-object-token",
+        ),
+        (
+            "update",
+            "validatingadmissionpolicies/fenced-lease-lease-token",
+        ),
+        ("create", "validatingadmissionpolicybindings"),
+        (
+            "update",
+            "validatingadmissionpolicybindings/fenced-lease-kinds-00",
+        ),
+        (
+            "delete",
+            "validatingadmissionpolicybindings/fenced-lease-objects",
+        ),
+        ("create", "mutatingadmissionpolicies"),
+    ] {
+        let out = ns
+            .kubectl()
+            .args(["auth", "can-i", verb, resource, "--as", &subject])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "the operator may {verb} {resource}"
+        );
+    }
     let kubeconfig = ns.service_account_kubeconfig("operator");
     let op = OperatorProcess::start_as(
         &ns.name,

@@ -417,7 +417,7 @@ fn count(entries: &[&Entry], r: &mut Report) {
                 kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
                 ..
             } => restarted = Some(e.t),
-            Event::WriteFailed { error, .. } if error.contains("failed to configure policy") => {
+            Event::WriteFailed { error, .. } if unconfigured(error) => {
                 r.policy_unconfigured += 1;
                 if let Some(at) = restarted {
                     let after = e.t.saturating_sub(at);
@@ -1095,10 +1095,20 @@ fn live_waiter(entries: &[&Entry], lease: &str, killed: &str, t: u64) -> bool {
     !waiting.is_empty()
 }
 
+/// A refusal of the apiserver that cannot read FencedLeases yet (after it starts): it has not
+/// discovered the CRD (`failed to configure policy`, kubernetes#124237), or its informer of
+/// them has not listed them yet (`not yet synced`).
+fn unconfigured(refusal: &str) -> bool {
+    refusal.contains("failed to configure policy")
+        || refusal.contains("not yet synced to use for admission")
+}
+
 /// What refused a write no lease fences, in a few words (from the apiserver's message).
 pub fn refusal_cause(refusal: &str) -> &'static str {
     if refusal.contains("no params found") {
         "a binding whose lease is gone (parameterNotFoundAction: Deny)"
+    } else if refusal.contains("not yet synced to use for admission") {
+        "the apiserver's informer of FencedLeases, not yet synced"
     } else if refusal.contains("failed to configure policy") {
         "a policy the apiserver cannot configure (its params kind)"
     } else if refusal.contains("resulted in error") {
@@ -1174,7 +1184,7 @@ fn collateral(entries: &[&Entry], r: &mut Report) {
                 let cause = refusal_cause(refusal);
                 *r.collateral.causes.entry(cause).or_default() += 1;
                 let restarting = restarts.iter().any(|&(from, to)| at >= from && at <= to);
-                if restarting && refusal.contains("failed to configure policy") {
+                if restarting && unconfigured(refusal) {
                     r.collateral.unconfigured += 1;
                     continue;
                 }
