@@ -1,9 +1,11 @@
 //! The operator: grants leases FIFO, issues fencing tokens, expires silent holders, releases
-//! deleted ones, annotates holder pods, and keeps the bindings that fence leases' objects.
+//! deleted ones, annotates holder pods, and keeps the kinds slots of the object fence.
 //!
 //! Its rooms, each importing only those above it in this list:
 //! - [`names`], [`error`]: names and keys of leases and claims; errors and API deadlines;
 //! - [`core`]: what to do, decided without I/O;
+//! - [`admission`]: the fence's admission objects, whether a lease's fence is in force, and the
+//!   keeper of the kinds slots;
 //! - [`state`]: what the operator keeps in memory (caches, indexes, clocks);
 //! - [`metrics`], [`events`]: what it reports; [`context`]: the handles reconcilers share;
 //! - [`reconcile`]: making the cluster match the decisions;

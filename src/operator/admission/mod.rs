@@ -109,7 +109,9 @@ impl Admission {
             return Check::InForce;
         }
         if !self.is_ready() {
-            return match self.lock().unreadable.clone() {
+            // Not matched on the lock itself: its guard would live through `pend`.
+            let unreadable = self.lock().unreadable.clone();
+            return match unreadable {
                 Some(why) => {
                     Check::NotInForce(format!("the admission objects cannot be read: {why}"))
                 }
@@ -310,5 +312,145 @@ impl std::fmt::Display for Kind<'_> {
             "" => write!(f, "{}", self.0.resource),
             group => write!(f, "{}.{group}", self.0.resource),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+
+    fn lease(spec: serde_json::Value) -> FencedLease {
+        let mut lease = FencedLease::new("books", serde_json::from_value(spec).unwrap());
+        lease.metadata.namespace = Some("shop".into());
+        lease
+    }
+
+    fn fill<K>(writer: &mut Writer<K>, objects: Vec<K>)
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for o in objects {
+            writer.apply_watcher_event(&watcher::Event::InitApply(o));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+
+    /// The shipped objects, with slot 0 fencing ConfigMaps in `namespaces`.
+    fn admission(namespaces: &[&str]) -> Admission {
+        let (policies, mut pw) = reflector::store();
+        let (bindings, mut bw) = reflector::store();
+        let configmaps = shipped::Assignment {
+            kind: FencedResource {
+                group: String::new(),
+                resource: "configmaps".into(),
+            },
+            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut all = vec![ValidatingAdmissionPolicy {
+            metadata: kube::api::ObjectMeta {
+                name: Some(LEASE_POLICY.into()),
+                ..Default::default()
+            },
+            spec: Some(shipped::lease_rules().unwrap().clone()),
+            status: None,
+        }];
+        let assigned = (!namespaces.is_empty()).then_some(&configmaps);
+        all.push(shipped::slot_policy(0, assigned).unwrap());
+        all.extend((1..shipped::SLOTS).map(|i| shipped::slot_policy(i, None).unwrap()));
+        fill(&mut pw, all);
+        let mut objects = shipped::slot_binding(0);
+        objects.metadata.name = Some(OBJECTS_BINDING.into());
+        objects.spec.policy_name = LEASE_POLICY.into();
+        let mut bound: Vec<_> = (0..shipped::SLOTS).map(shipped::slot_binding).collect();
+        bound.push(objects);
+        fill(&mut bw, bound);
+        let admission = Admission::new(policies, bindings);
+        for kind in [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ] {
+            admission.lock().listed_kinds.insert(kind.into());
+        }
+        admission
+    }
+
+    #[test]
+    fn a_lease_is_in_force_once_its_kinds_slot_lists_its_namespace_and_has_settled() {
+        let configmaps =
+            lease(serde_json::json!({"fence": {"resources": [{"resource": "configmaps"}]}}));
+        assert_eq!(admission(&["shop"]).check(&configmaps), Check::InForce);
+        assert_eq!(admission(&["other"]).check(&configmaps), Check::Pending);
+        let a = admission(&["shop"]);
+        a.listed(&[(
+            configmaps.spec.fence.as_ref().unwrap().resources[0].clone(),
+            "shop".into(),
+        )]);
+        assert!(matches!(a.check(&configmaps), Check::Settling(_)));
+        let labelled = lease(serde_json::json!({"fenceObjects": true}));
+        assert_eq!(admission(&[]).check(&labelled), Check::InForce);
+        let nothing = lease(serde_json::json!({}));
+        let (p, _) = reflector::store();
+        let (b, _) = reflector::store();
+        assert_eq!(
+            Admission::new(p, b).check(&nothing),
+            Check::InForce,
+            "fences nothing"
+        );
+    }
+
+    #[test]
+    fn a_lease_says_why_its_fence_is_not_in_force() {
+        let a = admission(&[]);
+        let secrets = FencedResource {
+            group: String::new(),
+            resource: "secrets".into(),
+        };
+        a.lock().unplaced.insert(secrets);
+        let check = a.check(&lease(
+            serde_json::json!({"fence": {"resources": [{"resource": "secrets"}]}}),
+        ));
+        assert!(
+            matches!(&check, Check::NotInForce(why) if why.contains("no kinds slot is free for secrets")),
+            "{check:?}"
+        );
+        let (p, _) = reflector::store();
+        let (b, _) = reflector::store();
+        let none = Admission::new(p, b);
+        none.lock()
+            .listed_kinds
+            .extend(["a".to_string(), "b".to_string()]);
+        let check = none.check(&lease(serde_json::json!({"fenceObjects": true})));
+        assert!(
+            matches!(&check, Check::NotInForce(why) if why.contains("not installed")),
+            "{check:?}"
+        );
+    }
+
+    /// Before the watches have listed the objects: pending (or why they cannot be read), and
+    /// never a lock held while the lease is noted as pending.
+    #[test]
+    fn before_the_objects_are_listed_a_lease_waits_and_the_check_returns() {
+        let (done, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (p, _) = reflector::store();
+            let (b, _) = reflector::store();
+            let a = Admission::new(p, b);
+            let check = a.check(&lease(serde_json::json!({"fenceObjects": true})));
+            let pending = a.lock().pending.len();
+            a.lock().unreadable = Some("forbidden".into());
+            let _ = done.send((
+                check,
+                pending,
+                a.check(&lease(serde_json::json!({"fenceObjects": true}))),
+            ));
+        });
+        let (first, pending, second) = wait
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("check() returned (no deadlock)");
+        assert_eq!((first, pending), (Check::Pending, 1));
+        assert!(matches!(second, Check::NotInForce(why) if why.contains("forbidden")));
     }
 }
