@@ -12,13 +12,15 @@ use serde_json::Value;
 use crate::common::{control_plane, repo_root};
 
 /// One permission: a verb on a resource (`pods`, `fencedleases/status`) of an API group, in
-/// one namespace or (None) in all.
+/// one namespace or (None) in all, on objects of these names only (a rule's `resourceNames`:
+/// used when any of them is) or (None) on all.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Permission {
     pub group: String,
     pub resource: String,
     pub verb: String,
     pub namespace: Option<String>,
+    pub names: Option<Vec<String>>,
 }
 
 impl fmt::Display for Permission {
@@ -29,7 +31,11 @@ impl fmt::Display for Permission {
             &self.group
         };
         let scope = self.namespace.as_deref().unwrap_or("all namespaces");
-        write!(f, "{} {} ({group}) in {scope}", self.verb, self.resource)
+        write!(f, "{} {} ({group}) in {scope}", self.verb, self.resource)?;
+        match &self.names {
+            Some(names) => write!(f, " named {}", names.join(", ")),
+            None => Ok(()),
+        }
     }
 }
 
@@ -40,6 +46,7 @@ pub struct Request {
     pub resource: String,
     pub verb: String,
     pub namespace: Option<String>,
+    pub name: Option<String>,
     pub uri: String,
     pub allowed: bool,
 }
@@ -51,6 +58,9 @@ impl Request {
             && self.resource == p.resource
             && self.verb == p.verb
             && (p.namespace.is_none() || p.namespace == self.namespace)
+            && p.names
+                .as_ref()
+                .is_none_or(|names| self.name.as_ref().is_some_and(|n| names.contains(n)))
     }
 }
 
@@ -100,6 +110,7 @@ pub fn requests_by(username: &str) -> Vec<Request> {
                 resource,
                 verb: e["verb"].as_str()?.into(),
                 namespace: o["namespace"].as_str().map(String::from),
+                name: o["name"].as_str().map(String::from),
                 uri: e["requestURI"].as_str().unwrap_or_default().into(),
                 allowed: e["annotations"]["authorization.k8s.io/decision"] == "allow",
             })
@@ -177,9 +188,14 @@ pub fn granted_to(namespace: &str, name: &str) -> Vec<Permission> {
                     .collect()
             };
             assert!(
-                rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(),
-                "rules by resource name or URL are not expected: {rule}"
+                rule.get("nonResourceURLs").is_none(),
+                "rules by URL are not expected: {rule}"
             );
+            let names = rule.get("resourceNames").map(|_| {
+                let mut names = list("resourceNames");
+                names.sort();
+                names
+            });
             for group in list("apiGroups") {
                 for resource in list("resources") {
                     for verb in list("verbs") {
@@ -188,6 +204,7 @@ pub fn granted_to(namespace: &str, name: &str) -> Vec<Permission> {
                             resource: resource.clone(),
                             verb,
                             namespace: scope.map(String::from),
+                            names: names.clone(),
                         });
                     }
                 }
