@@ -7,7 +7,7 @@ import (
 )
 
 // A kubebuilder cmd/main.go electing with a FencedLease (compiled, not run: it needs a
-// cluster). The README shows these lines.
+// cluster). go/README.md shows these lines.
 func Example() {
 	scheme := runtime.NewScheme()
 	ctx, cfg := ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie()

@@ -5,7 +5,7 @@
 //! - a waiter started during an outage waits it out instead of failing;
 //! - a waiter keeps its claim through an outage longer than the lease duration;
 //! - a holder survives an outage that its safe deadline leaves room for (the figure the
-//!   README gives), and no one else is granted meanwhile;
+//!   docs/holding.md gives), and no one else is granted meanwhile;
 //! - a create whose answer was lost is adopted, not left in the queue;
 //! - a holder whose connection goes silent moves to a new one before its deadline.
 
@@ -220,7 +220,7 @@ async fn a_holder_whose_connection_goes_silent_moves_to_a_new_one_and_keeps_the_
     holder.release().await.ok();
 }
 
-/// The figure for the README: the longest outage survived at the worst moment, by trying
+/// The figure for docs/holding.md: the longest outage survived at the worst moment, by trying
 /// outages around the computed bound. Prints; asserts only that the bound is about right.
 #[tokio::test]
 #[ignore = "measurement (about a minute): cargo test --test holder_outage -- --ignored --nocapture"]
