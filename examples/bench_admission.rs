@@ -381,14 +381,17 @@ impl Layout {
 
 // --- leases, as a watch sees them ----------------------------------------------------------------
 
+/// By "namespace/name": the holding claim and when the watch first saw it hold.
+type Held = HashMap<String, (String, Instant)>;
+/// Leases seen, by "namespace/name" (without status too).
+type Seen = HashMap<String, ()>;
+
 #[derive(Default)]
 struct LeaseState {
-    /// By "namespace/name": the holding claim and when the watch first saw it hold.
-    held: HashMap<String, (String, Instant)>,
-    /// Leases seen, by "namespace/name" (without status too).
-    seen: HashMap<String, ()>,
+    held: Held,
+    seen: Seen,
     /// A relist in progress: what it has listed so far.
-    relist: Option<(HashMap<String, (String, Instant)>, HashMap<String, ()>)>,
+    relist: Option<(Held, Seen)>,
     synced: bool,
 }
 
@@ -513,8 +516,8 @@ impl Leases {
 }
 
 fn record(
-    held: &mut HashMap<String, (String, Instant)>,
-    seen: &mut HashMap<String, ()>,
+    held: &mut Held,
+    seen: &mut Seen,
     before: Option<(String, Instant)>,
     k: String,
     lease: &FencedLease,
@@ -1461,18 +1464,16 @@ impl Bench {
             let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), ns);
             if let Ok(Ok(list)) =
                 tokio::time::timeout(call_timeout(), leases.list(&ListParams::default())).await
-            {
-                if let Some(l) = list
+                && let Some(l) = list
                     .items
                     .iter()
                     .find(|l| l.status.as_ref().is_none_or(|s| s.holder.is_none()))
-                {
-                    let conditions = l.status.as_ref().map(|s| s.conditions.clone());
-                    out.push(format!(
-                        "lease {ns}/{} not held; conditions {conditions:?}",
-                        l.name_any()
-                    ));
-                }
+            {
+                let conditions = l.status.as_ref().map(|s| s.conditions.clone());
+                out.push(format!(
+                    "lease {ns}/{} not held; conditions {conditions:?}",
+                    l.name_any()
+                ));
             }
         }
         out.push(format!("operator metrics:\n{}", self.operator.metrics()));
