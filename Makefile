@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench
+.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -103,6 +103,9 @@ down: ## stop the local control plane and remove its data
 
 bench: deps ## BENCHMARKS.md's tables in one run (not part of test; BENCH_* options: see hack/bench)
 	@hack/bench
+
+bench-admission: deps ## only the admission objects' cost at 0/1,000/10,000 fenced leases (examples/bench_admission.rs; BENCH_ADMISSION_SIZES, see hack/bench)
+	@BENCH_ONLY=admission hack/bench
 
 go-test: deps ## the Go module (go/): hack/go-lint, then its tests against the control plane, PostgreSQL, Redis and the operator
 	@hack/go-lint
