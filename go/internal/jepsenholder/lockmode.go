@@ -119,21 +119,45 @@ func (t *lockTokens) term() (string, int64, error) {
 	}
 }
 
-// loss is the lost event's fields: why the Lock stopped answering, whether the operator ended
-// the term, and how far the local safe deadline then still was (a lower bound; 0 unknown);
-// and when the Lock first failed.
-func (t *lockTokens) loss() (reason string, byOperator bool, deadlineIn int64, at uint64) {
-	_, _ = t.Token() // a loss not yet seen by the work is seen now
+// lockLoss is how the Lock stopped answering for a term: why, when (first seen), and how far
+// the local safe deadline then still was (a lower bound; 0 unknown).
+type lockLoss struct {
+	why        lease.LostReason
+	at         uint64
+	deadlineIn int64
+	answers    bool // the Lock still answers Ok: the elector stopped first
+}
+
+// loss is how the Lock stopped answering for the term (asking it once more: a loss not yet
+// seen by the work is seen now).
+func (t *lockTokens) loss() lockLoss {
+	_, _ = t.Token()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.lost == nil {
-		return "the elector stopped leading while the lock still answered", false, 0, monotonic()
+		return lockLoss{answers: true, at: monotonic()}
 	}
-	byOperator = t.lost.Reason == lease.Expired || t.lost.Reason == lease.Superseded
+	l := lockLoss{why: t.lost.Reason, at: t.lostAt}
 	if t.deadline > 0 {
-		deadlineIn = int64(t.deadline) - int64(t.lostAt)
+		l.deadlineIn = int64(t.deadline) - int64(t.lostAt)
 	}
-	return t.lost.Reason.String(), byOperator, deadlineIn, t.lostAt
+	return l
+}
+
+// event is the lost event of claim's term: the operator ended it (by_operator) when it
+// expired the claim or named another holder.
+func (l lockLoss) event(name, claim string) event {
+	reason := l.why.String()
+	switch {
+	case l.answers:
+		reason = "the elector stopped leading while the lock still answered"
+	case l.why == lease.Released:
+		reason = "the elector stopped leading; the lock then released the term"
+	}
+	return event{
+		"ev": "lost", "lease": name, "claim": claim, "reason": reason,
+		"by_operator": !l.answers && (l.why == lease.Expired || l.why == lease.Superseded), "deadline_in": l.deadlineIn,
+	}
 }
 
 // leadOutcome is how a term the elector led ended, as the work saw it.
@@ -178,14 +202,14 @@ func (h *holder) elect(ctx context.Context, lk *lock.Lock) bool {
 	if !out.acquired {
 		return false
 	}
-	reason, byOperator, deadlineIn, failed := tokens.loss()
-	// Not lost: let go, or stopped by the run (the elector releases) before the Lock failed.
+	// Lost: the elector stopped leading although the holder did not let go, and the run did
+	// not stop it first (then the elector releases: the Lock fails with Released, or no term).
+	loss := tokens.loss()
 	stop := stopped.Load()
-	if !out.letGo && (stop == 0 || failed < stop) {
-		h.rec.record(event{
-			"ev": "lost", "lease": name, "claim": out.claim, "reason": reason,
-			"by_operator": byOperator, "deadline_in": deadlineIn,
-		})
+	stoppedFirst := ctx.Err() != nil &&
+		(loss.answers || loss.why == lease.Released || loss.why == lease.NotGranted || (stop != 0 && loss.at >= stop))
+	if !out.letGo && !stoppedFirst {
+		h.rec.record(loss.event(name, out.claim))
 		return true
 	}
 	h.rec.record(event{"ev": "released", "lease": name, "claim": out.claim, "how": "released"})
