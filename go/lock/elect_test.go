@@ -157,6 +157,9 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := a.lock.Claim(); got != claim.Name {
+		t.Fatalf("a's lock names claim %q, the lease %q", got, claim.Name)
+	}
 	ctx, cancel := testenv.Call()
 	defer cancel()
 	if err := admin.Delete(ctx, claim); err != nil {
@@ -174,6 +177,12 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 	if leader, token := gauges(t, ns, "a"); leader != 0 || token != 0 {
 		t.Fatalf("a's gauges after the loss: leader %v, token %v", leader, token)
 	}
+	testenv.Eventually(t, "a's lock names no claim between terms", 10*time.Second, func() error {
+		if got := a.lock.Claim(); got != "" {
+			return fmt.Errorf("claim %q", got)
+		}
+		return nil
+	})
 	stale := fence.NewClient(admin, leaseName, fixed(first))
 	if err := stale.Update(ctx, ledger(t, admin, ns)); !errors.Is(err, fence.ErrFenced) {
 		t.Fatalf("a write with a's first token: %v", err)

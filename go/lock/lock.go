@@ -142,6 +142,20 @@ func (l *Lock) Token() (int64, error) {
 	return term.Token()
 }
 
+// Claim is the name of the term's FencedLeaseClaim (the holder the FencedLease's status
+// names while it is granted), empty between terms: for logs, and to match what the lease
+// says. It is the claim of the term Token answers for until the lock has let go of the term,
+// a little after Token starts to fail.
+func (l *Lock) Claim() string {
+	l.mu.Lock()
+	term := l.term
+	l.mu.Unlock()
+	if term == nil {
+		return ""
+	}
+	return term.Claim()
+}
+
 // TimeLeft is the time before the term's local safe deadline, zero between terms: work that
 // would not finish inside it should not start.
 func (l *Lock) TimeLeft() time.Duration {

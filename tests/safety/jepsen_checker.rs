@@ -256,6 +256,31 @@ fn a_clean_history_passes_and_is_counted() {
     }
 }
 
+#[test]
+fn grants_are_counted_by_kind_of_holder() {
+    let mut h = History::default();
+    h.holds("holder-0.0", "a", "a-1", 100, 10, 100)
+        .holds("go-3.0", "a", "a-2", 101, 200, 300)
+        .holds("golock-4.0", "a", "a-3", 102, 400, 500)
+        .holds("golock-4.0", "a", "a-4", 103, 600, 700);
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(
+        (
+            report.acquired_library,
+            report.acquired_go,
+            report.acquired_go_lock
+        ),
+        (1, 1, 2)
+    );
+    let table = report.to_string();
+    assert!(table.contains("1 / 0 / 3"), "{table}");
+    assert!(
+        table.contains("Go: package lease / lock (elector)"),
+        "{table}"
+    );
+}
+
 /// Deliberate fault 1: a token issued twice (as an operator that reused a token after its
 /// records were lost would).
 #[test]

@@ -4,16 +4,23 @@
 // FL_POSTGRES_URL, FL_REDIS_URL, POD_*), and checks what it records with the same checker.
 //
 // Again and again until the run stops (its STOP file exists, or SIGTERM): it acquires its
-// lease with package lease, asks Token before every write and every few milliseconds
-// besides, writes the token through package fence's guards to the run's ConfigMap, its
-// PostgreSQL row and its Redis key, and lets go (Release, cancelling the context given to
-// Acquire, or Release and then, as a stale process would, writing the old token once the
-// lease has moved on: only the fences stop those writes). Every step is one JSON line of the
-// process's history file, in the format of the suite's history.rs.
+// lease, asks Token before every write and every few milliseconds besides, writes the token
+// through package fence's guards to the run's ConfigMap, its PostgreSQL row and its Redis
+// key, and lets go (Release, cancelling the context given to Acquire, or Release and then,
+// as a stale process would, writing the old token once the lease has moved on: only the
+// fences stop those writes). Every step is one JSON line of the process's history file, in
+// the format of the suite's history.rs.
+//
+// It holds its lease in one of two ways (-mode):
+//   - lease (the default): package lease, lease.Acquire and the Lease it returns;
+//   - lock: package lock, as controller-runtime's manager uses it: client-go's
+//     leaderelection elector on a lock.Lock, the token from the Lock (its TokenSource), one
+//     Lock for the process and a new elector for each term; see lockmode.go.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -84,18 +91,23 @@ func (s settings) rng() *rand.Rand {
 }
 
 func main() {
+	mode := flag.String("mode", "lease", "how the lease is held: lease (package lease) or lock (package lock, with client-go's elector)")
+	flag.Parse()
 	s, err := fromEnv()
+	if err == nil && *mode != "lease" && *mode != "lock" {
+		err = fmt.Errorf("-mode %q: lease or lock", *mode)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "jepsenholder:", err)
 		os.Exit(2)
 	}
-	if err := run(s); err != nil {
+	if err := run(s, *mode); err != nil {
 		fmt.Fprintln(os.Stderr, "jepsenholder:", err)
 		os.Exit(1)
 	}
 }
 
-func run(s settings) error {
+func run(s settings, mode string) error {
 	rec, err := newRecorder(filepath.Join(s.runDir, s.process+".jsonl"), s.process)
 	if err != nil {
 		return err
@@ -105,10 +117,6 @@ func run(s settings) error {
 		return err
 	}
 	config.QPS, config.Burst = 100, 100
-	c, err := lease.NewClient(config)
-	if err != nil {
-		return err
-	}
 	res, err := newResources(s, config)
 	if err != nil {
 		return err
@@ -124,9 +132,16 @@ func run(s settings) error {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	h := &holder{s: s, rec: rec, c: c, res: res, rng: s.rng()}
+	h := &holder{s: s, rec: rec, res: res, rng: s.rng()}
+	if mode == "lock" {
+		return h.runLock(ctx, config)
+	}
+	c, err := lease.NewClient(config)
+	if err != nil {
+		return err
+	}
 	for ctx.Err() == nil {
-		h.round(ctx)
+		h.round(ctx, c)
 	}
 	return nil
 }
@@ -135,22 +150,37 @@ func run(s settings) error {
 type holder struct {
 	s   settings
 	rec *recorder
-	c   *lease.Client
 	res *resources
 	rng *rand.Rand
+}
+
+// tokens is what a holder asks before it writes: a Lease, or a Lock.
+type tokens interface {
+	Token() (int64, error)
+}
+
+// held is a term as the holder's events name it: the token source and the claim.
+type held struct {
+	tokens tokens
+	claim  string
 }
 
 func (h *holder) between(lo, hi int) time.Duration {
 	return time.Duration(lo+h.rng.IntN(hi-lo)) * time.Millisecond
 }
 
-// round acquires the lease, writes while it holds, and lets go.
-func (h *holder) round(ctx context.Context) {
+// hold is how long a round writes: 0.3 to 2 terms.
+func (h *holder) hold() time.Duration {
+	return h.s.term * time.Duration(300+h.rng.IntN(1700)) / 1000
+}
+
+// round acquires the lease with package lease, writes while it holds, and lets go.
+func (h *holder) round(ctx context.Context, c *lease.Client) {
 	name := h.s.lease
 	h.rec.record(event{"ev": "waiting", "lease": name})
 	holdCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	l, err := lease.Acquire(holdCtx, h.c, h.s.namespace, name, lease.Options{Identity: h.s.process, Wait: time.Minute})
+	l, err := lease.Acquire(holdCtx, c, h.s.namespace, name, lease.Options{Identity: h.s.process, Wait: time.Minute})
 	if err != nil {
 		if ctx.Err() == nil {
 			h.rec.record(event{"ev": "acquire-failed", "lease": name, "error": err.Error()})
@@ -161,8 +191,9 @@ func (h *holder) round(ctx context.Context) {
 	token, _ := l.Token()
 	h.rec.record(event{"ev": "acquired", "lease": name, "claim": l.Claim(), "token": token})
 	watch := h.watchLoss(l)
-	probe := h.probe(l)
-	lost := h.write(ctx, l, h.s.term*time.Duration(300+h.rng.IntN(1700))/1000)
+	term := held{tokens: l, claim: l.Claim()}
+	probe := h.probe(ctx, term)
+	lost := h.write(ctx, term, h.hold())
 	probe()
 	watch()
 
@@ -188,13 +219,13 @@ func (h *holder) round(ctx context.Context) {
 }
 
 // write writes the token round after round for hold, asking Token before each write; it
-// stops early when a fence refuses (a newer holder exists). Reports whether the lease was
-// lost meanwhile.
-func (h *holder) write(ctx context.Context, l *lease.Lease, hold time.Duration) bool {
+// stops early when a fence refuses (a newer holder exists) or ctx ends. Reports whether the
+// lease was lost meanwhile (Token failed).
+func (h *holder) write(ctx context.Context, term held, hold time.Duration) bool {
 	until := time.Now().Add(hold)
 	turn := h.rng.IntN(len(rounds))
 	for time.Now().Before(until) && ctx.Err() == nil {
-		token, ok := h.ask(l)
+		token, ok := h.ask(term)
 		if !ok {
 			return true
 		}
@@ -208,15 +239,15 @@ func (h *holder) write(ctx context.Context, l *lease.Lease, hold time.Duration) 
 }
 
 // ask is one Token call, recorded with its call and return instants.
-func (h *holder) ask(l *lease.Lease) (int64, bool) {
+func (h *holder) ask(term held) (int64, bool) {
 	called := monotonic()
-	token, err := l.Token()
+	token, err := term.tokens.Token()
 	t := monotonic()
 	if err != nil {
-		h.rec.recordAt(t, event{"ev": "token-err", "lease": l.Name(), "claim": l.Claim(), "called": called, "reason": err.Error()})
+		h.rec.recordAt(t, event{"ev": "token-err", "lease": h.s.lease, "claim": term.claim, "called": called, "reason": err.Error()})
 		return 0, false
 	}
-	h.rec.recordAt(t, event{"ev": "token-ok", "lease": l.Name(), "claim": l.Claim(), "token": token, "called": called})
+	h.rec.recordAt(t, event{"ev": "token-ok", "lease": h.s.lease, "claim": term.claim, "token": token, "called": called})
 	return token, true
 }
 
@@ -245,9 +276,9 @@ func (h *holder) watchLoss(l *lease.Lease) func() {
 }
 
 // probe asks Token every probeEvery while the lease is held, recording an Ok answer at most
-// every probeRecordEvery, and always the last Ok before the first Err. The returned function
-// stops it.
-func (h *holder) probe(l *lease.Lease) func() {
+// every probeRecordEvery, and always the last Ok before the first Err, until ctx ends. The
+// returned function stops it.
+func (h *holder) probe(ctx context.Context, term held) func() {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -264,20 +295,23 @@ func (h *holder) probe(l *lease.Lease) func() {
 		defer ticker.Stop()
 		for {
 			called := monotonic()
-			token, err := l.Token()
+			token, err := term.tokens.Token()
 			t := monotonic()
 			if err != nil {
 				flush()
-				h.rec.recordAt(t, event{"ev": "token-err", "lease": l.Name(), "claim": l.Claim(), "called": called, "reason": err.Error()})
+				h.rec.recordAt(t, event{"ev": "token-err", "lease": h.s.lease, "claim": term.claim, "called": called, "reason": err.Error()})
 				return
 			}
-			pending, pendingAt = event{"ev": "token-ok", "lease": l.Name(), "claim": l.Claim(), "token": token, "called": called}, t
+			pending, pendingAt = event{"ev": "token-ok", "lease": h.s.lease, "claim": term.claim, "token": token, "called": called}, t
 			if t-recorded >= uint64(probeRecordEvery) {
 				flush()
 				recorded = t
 			}
 			select {
 			case <-done:
+				flush()
+				return
+			case <-ctx.Done():
 				flush()
 				return
 			case <-ticker.C:
@@ -288,13 +322,19 @@ func (h *holder) probe(l *lease.Lease) func() {
 }
 
 // stale releases the lease, then behaves as a process that woke from a pause and never asked
-// Token again: once the lease has moved on (read from the store) and its new holder had time
-// to write, it writes its old token to every resource. Only the fences stop it.
+// Token again (zombie).
 func (h *holder) stale(ctx context.Context, l *lease.Lease, token int64) {
 	release, done := context.WithTimeout(context.Background(), 10*time.Second)
 	_ = l.Release(release)
 	done()
 	h.rec.record(event{"ev": "released", "lease": h.s.lease, "claim": l.Claim(), "how": "released"})
+	h.zombie(ctx, token)
+}
+
+// zombie is a holder that let go of token's term and never asks Token again: once the lease
+// has moved on (read from the store) and its new holder had time to write, it writes its old
+// token to every resource. Only the fences stop it.
+func (h *holder) zombie(ctx context.Context, token int64) {
 	giveUp := time.Now().Add(3 * h.s.term)
 	for ctx.Err() == nil && time.Now().Before(giveUp) {
 		if state, ok := h.res.leaseMovedOn(ctx, h.s.lease, token); ok {

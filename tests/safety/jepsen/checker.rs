@@ -188,10 +188,12 @@ pub struct Report {
     pub start: u64,
     pub end: u64,
     pub acquire_attempts: usize,
-    /// Grants to the Rust library's holders, `kubectl fence`'s and the Go library's.
+    /// Grants to the Rust library's holders, `kubectl fence`'s and the Go library's: through
+    /// package lease (`go-`), and through package lock and client-go's elector (`golock-`).
     pub acquired_library: usize,
     pub acquired_cli: usize,
     pub acquired_go: usize,
+    pub acquired_go_lock: usize,
     pub releases: usize,
     pub losses: usize,
     pub token_ok: usize,
@@ -277,8 +279,15 @@ impl fmt::Display for Report {
             "granted (Rust / kubectl fence / Go)",
             format!(
                 "{} / {} / {}",
-                self.acquired_library, self.acquired_cli, self.acquired_go
+                self.acquired_library,
+                self.acquired_cli,
+                self.acquired_go + self.acquired_go_lock
             ),
+        )?;
+        row(
+            f,
+            "  Go: package lease / lock (elector)",
+            format!("{} / {}", self.acquired_go, self.acquired_go_lock),
         )?;
         row(
             f,
@@ -435,6 +444,7 @@ fn count(entries: &[&Entry], r: &mut Report) {
                 r.acquire_attempts += 1
             }
             Event::Acquired { .. } if e.p.starts_with("go-") => r.acquired_go += 1,
+            Event::Acquired { .. } if e.p.starts_with("golock-") => r.acquired_go_lock += 1,
             Event::Acquired { .. } => r.acquired_library += 1,
             Event::CmdStarted { .. } => r.acquired_cli += 1,
             Event::Released { .. } => r.releases += 1,

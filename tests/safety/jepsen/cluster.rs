@@ -40,10 +40,12 @@ pub const LEADER_LEASE_SECONDS: u64 = 3;
 /// The leases of a run: name and usual duration (s).
 pub const LEASES: [(&str, i32); 3] = [("a", 1), ("b", 2), ("c", 3)];
 /// Holder processes per lease: the Rust library's, `kubectl fence run`'s, and the Go library's
-/// (`go/internal/jepsenholder`).
+/// (`go/internal/jepsenholder`): one through package lease, one through package lock with
+/// client-go's elector (`-mode=lock`, as controller-runtime's manager holds it).
 pub const LIBRARY_HOLDERS: usize = 2;
 pub const CLI_HOLDERS: usize = 1;
 pub const GO_HOLDERS: usize = 1;
+pub const GO_LOCK_HOLDERS: usize = 1;
 
 /// One operator replica: a process behind its own proxy, restarted when it exits (a replica
 /// that loses leadership exits) unless a fault keeps it down.
@@ -119,6 +121,9 @@ pub enum Kind {
     /// The Go library's holder: like `Library`, but writes only to the resources that order
     /// writes by token (not the workload fenced by kind).
     Go,
+    /// The Go library's holder in `-mode=lock`: as `Go`, holding the lease through package
+    /// lock (a `resourcelock.Interface`) and client-go's `leaderelection` elector.
+    GoLock,
 }
 
 /// One holder slot: a process (re)started for one lease, again and again.
@@ -278,16 +283,20 @@ impl Cluster {
             let slots = (0..LIBRARY_HOLDERS)
                 .map(|_| Kind::Library)
                 .chain((0..CLI_HOLDERS).map(|_| Kind::Cli))
-                .chain((0..GO_HOLDERS).map(|_| Kind::Go));
+                .chain((0..GO_HOLDERS).map(|_| Kind::Go))
+                .chain((0..GO_LOCK_HOLDERS).map(|_| Kind::GoLock));
             for kind in slots {
                 let n = cluster.slots.len();
                 let name = match kind {
                     Kind::Library => format!("holder-{n}"),
                     Kind::Cli => format!("cli-{n}"),
                     Kind::Go => format!("go-{n}"),
+                    Kind::GoLock => format!("golock-{n}"),
                 };
                 let proxy = match kind {
-                    Kind::Library | Kind::Go => Some(Proxy::start(&cluster.ns).await),
+                    Kind::Library | Kind::Go | Kind::GoLock => {
+                        Some(Proxy::start(&cluster.ns).await)
+                    }
                     Kind::Cli => None,
                 };
                 let slot = Arc::new(Slot {
@@ -396,6 +405,11 @@ impl Cluster {
                         cmd
                     }
                     Kind::Go => tokio::process::Command::new(&go_holder),
+                    Kind::GoLock => {
+                        let mut cmd = tokio::process::Command::new(&go_holder);
+                        cmd.arg("-mode=lock");
+                        cmd
+                    }
                     Kind::Cli => {
                         let mut cmd = tokio::process::Command::new(&kubectl_fence);
                         cmd.args([

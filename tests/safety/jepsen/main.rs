@@ -1,5 +1,6 @@
 //! A Jepsen-style safety suite: holders (the Rust library, `kubectl fence run` around a small
-//! writer, and the Go library: `go/internal/jepsenholder`), each process a pod of its own,
+//! writer, and the Go library: `go/internal/jepsenholder`, through package lease and through
+//! package lock with client-go's elector), each process a pod of its own,
 //! contend on short leases. They write their tokens to a Kubernetes object, a PostgreSQL row
 //! and a Redis key, and (all but the Go holders) write unstamped — status, scale, patches,
 //! deletes, through the client and plain `kubectl` — to a workload their lease fences by kind,
