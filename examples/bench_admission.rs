@@ -781,13 +781,13 @@ impl Bench {
                 if n > 0 { ", every lease Held" } else { "" }
             ),
         );
-        self.memory(label, "in place").await?;
+        self.memory(n, label, "in place").await?;
         self.writes(n, label).await?;
         self.grants(label).await?;
         self.identity_window(label).await?;
         if n > 0 {
             self.remove(n, label).await?;
-            self.memory(label, "deleted").await?;
+            self.memory(n, label, "deleted").await?;
         }
         println!("{}", self.operator.proc_line());
         Ok(())
@@ -904,7 +904,7 @@ impl Bench {
     }
 
     /// The apiserver's (and etcd's) RSS now and after the settle.
-    async fn memory(&mut self, label: &str, when: &str) -> Res<()> {
+    async fn memory(&mut self, n: usize, label: &str, when: &str) -> Res<()> {
         let (pid, rss, etcd) = self.control_plane.rss()?;
         let (what, settled_what) = match when {
             "in place" => (
@@ -922,7 +922,14 @@ impl Bench {
                 what,
                 rss,
                 "MiB",
-                &format!("kube-apiserver pid {pid} VmRSS right after all leases were Held; etcd {etcd:.0} MiB"),
+                &format!(
+                    "kube-apiserver pid {pid} VmRSS {}; etcd {etcd:.0} MiB",
+                    if n > 0 {
+                        "right after all leases were Held"
+                    } else {
+                        "with no lease"
+                    }
+                ),
             );
         }
         // A deliberate pause, not a wait on a condition: the apiserver's heap and informers
@@ -938,7 +945,11 @@ impl Bench {
                 "kube-apiserver pid {pid} VmRSS {} s after {}; etcd {etcd:.0} MiB",
                 self.args.settle,
                 if when == "in place" {
-                    "all leases were Held"
+                    if n > 0 {
+                        "all leases were Held"
+                    } else {
+                        "the previous reading"
+                    }
                 } else {
                     "the leases and their admission objects were gone"
                 }
