@@ -17,7 +17,9 @@
 // the lease package, on its own schedule, with the local safe deadline of I6 (send time of
 // the last accepted renew + the term's duration − the margin, on a clock that counts
 // suspend) and the term's duration fixed at grant (I10). The elector's calls never reach the
-// apiserver: Get describes the lease as the lock sees it, and Update naming this candidate
+// apiserver: Get describes the lease as the lock sees it (while the claim is queued it waits,
+// at most LeaseDuration, for the grant, so that the elector leads within milliseconds of it
+// rather than at its next RetryPeriod), and Update naming this candidate
 // succeeds only while the term is held with more than RenewDeadline + 2 × RetryPeriod left
 // before the local safe deadline.
 //

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,7 @@ type candidate struct {
 	events chan string
 	stop   context.CancelFunc
 	ran    sync.WaitGroup
+	ledAt  atomic.Int64 // when the elector last started leading (Unix nanoseconds)
 }
 
 func startCandidate(t *testing.T, cfg *rest.Config, admin client.Client, ns, name string) *candidate {
@@ -51,6 +53,7 @@ func startCandidate(t *testing.T, cfg *rest.Config, admin client.Client, ns, nam
 	writer := fence.NewClient(admin, leaseName, lk)
 	callbacks := leaderelection.LeaderCallbacks{
 		OnStartedLeading: func(context.Context) {
+			c.ledAt.Store(time.Now().UnixNano())
 			token, err := lk.Token()
 			c.events <- fmt.Sprintf("leading %d %v", token, err)
 			c.events <- write(ctx, writer, ns, name)
@@ -202,6 +205,40 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 	case e := <-a.events:
 		t.Fatalf("a, leading again: %s", e)
 	default:
+	}
+}
+
+// The elector leads as soon as its claim is granted, not at its next RetryPeriod: four
+// hand-overs in a row on a 15 s lease (RetryPeriod about 1.06 s, client-go sleeping 1.06 to
+// 2.3 s between attempts) each take well under one attempt's sleep. Without Get waiting for
+// the grant, a hand-over falls anywhere in that sleep (below 500 ms about one time in three).
+func TestAHandOverIsNotPacedByTheRetryPeriod(t *testing.T) {
+	cfg := testenv.Config(t)
+	admin := testenv.Client(t, cfg)
+	ns := testenv.Namespace(t, admin, "go-lock-handover")
+	testenv.StartOperator(t, ns)
+	testenv.CreateLease(t, admin, ns, leaseName, 15)
+
+	leader := startCandidate(t, cfg, admin, ns, "c0")
+	leader.leads(t, 60*time.Second)
+	for i := 1; i <= 4; i++ {
+		next := startCandidate(t, cfg, admin, ns, fmt.Sprintf("c%d", i))
+		testenv.Eventually(t, next.name+"'s claim queued", 10*time.Second, func() error {
+			_, err := claimOf(admin, ns, next.name)
+			return err
+		})
+		if retry := next.lock.Timing().RetryPeriod; retry < time.Second {
+			t.Fatalf("RetryPeriod %v: the test needs a lease whose RetryPeriod is at least 1 s", retry)
+		}
+		released := time.Now()
+		leader.halt()
+		next.leads(t, 20*time.Second)
+		took := time.Duration(next.ledAt.Load() - released.UnixNano())
+		t.Logf("MEASURED hand-over %d: %v from the release to the next elector leading", i, took)
+		if took > 500*time.Millisecond {
+			t.Fatalf("hand-over %d took %v: the elector waited for its next attempt", i, took)
+		}
+		leader = next
 	}
 }
 

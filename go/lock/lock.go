@@ -54,16 +54,17 @@ type Lock struct {
 	done   chan struct{}
 
 	mu          sync.Mutex
-	stopped     bool         // ctx is done: no goroutine starts any more
-	term        *lease.Lease // the term held, nil between terms
-	campaigning bool         // a campaign goroutine runs (queued or holding)
-	watching    bool         // the holder watch runs
-	granted     time.Time    // when the term was granted
-	lastUpdate  time.Time    // the elector's last accepted Update in this term
-	ended       time.Time    // when the last term ended (zero: none yet)
-	notBefore   time.Time    // no campaign before this, after a failed one
-	lastErr     error        // why the last campaign failed
-	holder      string       // the holder the lease names, as last seen
+	stopped     bool          // ctx is done: no goroutine starts any more
+	term        *lease.Lease  // the term held, nil between terms
+	campaigning bool          // a campaign goroutine runs (queued or holding)
+	watching    bool          // the holder watch runs
+	granted     time.Time     // when the term was granted
+	lastUpdate  time.Time     // the elector's last accepted Update in this term
+	ended       time.Time     // when the last term ended (zero: none yet)
+	notBefore   time.Time     // no campaign before this, after a failed one
+	lastErr     error         // why the last campaign failed
+	holder      string        // the holder the lease names, as last seen
+	changed     chan struct{} // closed (and replaced) when a campaign gets its term or fails
 	wg          sync.WaitGroup
 }
 
@@ -101,7 +102,7 @@ func New(ctx context.Context, config *rest.Config, cfg Config) (*Lock, error) {
 		return nil, err
 	}
 	l := &Lock{
-		client: c, cfg: cfg, ctx: ctx, done: make(chan struct{}),
+		client: c, cfg: cfg, ctx: ctx, done: make(chan struct{}), changed: make(chan struct{}),
 		log: ctrllog.FromContext(ctx).WithName("fencedlease").WithValues("lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity),
 	}
 	context.AfterFunc(ctx, func() {
@@ -170,9 +171,25 @@ func (l *Lock) TimeLeft() time.Duration {
 
 // Get describes the lease as the lock sees it: this candidate is named holder only while its
 // term is held; otherwise the holder is the one the FencedLease names.
-func (l *Lock) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+//
+// While this candidate's claim is queued, Get waits (until ctx is done, at most one
+// LeaseDuration) for the grant, so that the elector leads as soon as the operator grants
+// rather than at its next RetryPeriod; the elector's calls are the only thing it blocks.
+func (l *Lock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	l.mu.Lock()
 	l.campaignLocked(time.Now())
+	if l.campaigning && l.term == nil {
+		wake := l.changed
+		l.mu.Unlock()
+		timer := time.NewTimer(l.cfg.Timing.LeaseDuration)
+		select {
+		case <-wake:
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+		l.mu.Lock()
+	}
 	term, holder, granted, failed := l.term, l.holder, l.granted, l.lastErr
 	if l.campaigning {
 		failed = nil
@@ -281,6 +298,7 @@ func (l *Lock) campaign() {
 		l.mu.Lock()
 		l.campaigning, l.lastErr = false, err
 		l.notBefore = time.Now().Add(l.cfg.Timing.RetryPeriod * 5)
+		l.wakeLocked()
 		l.mu.Unlock()
 		if l.ctx.Err() == nil {
 			l.log.Error(err, "campaign failed; the elector's next call tries again")
@@ -290,6 +308,7 @@ func (l *Lock) campaign() {
 	token, _ := term.Token()
 	l.mu.Lock()
 	l.term, l.granted, l.lastUpdate, l.lastErr = term, time.Now(), time.Time{}, nil
+	l.wakeLocked()
 	l.mu.Unlock()
 	l.log.Info("term granted", "token", token, "claim", term.Claim())
 
@@ -303,6 +322,12 @@ func (l *Lock) campaign() {
 	l.term, l.campaigning, l.ended = nil, false, time.Now()
 	l.mu.Unlock()
 	l.log.Info("term over", "token", token, "why", why)
+}
+
+// wakeLocked wakes the elector's calls waiting in Get. l.mu is held.
+func (l *Lock) wakeLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 // keep waits until the term ends, or until the elector has not renewed it for the elector
