@@ -3,7 +3,9 @@
 //! lease whose holder was SIGKILLed (failover, minus the lease duration), for
 //!
 //! - fenced-lease: the library (`fenced_lease::holder::acquire`), `kubectl fence run`, and the
-//!   Go library's fenced leader election (`go/examples/bench-candidate`);
+//!   Go library's two election paths (`go/examples/bench-candidate`): its own elector (package
+//!   `election`) and client-go's elector on the FencedLease lock (package `lock`, as
+//!   controller-runtime's manager uses it);
 //! - kube-lease-manager (the Rust crate) on a coordination.k8s.io Lease;
 //! - client-go's `tools/leaderelection` (`bench/leaderelection`, built by
 //!   `hack/bench-leaderelection`) on a coordination.k8s.io Lease;
@@ -251,8 +253,9 @@ enum System {
     Library(u32),
     /// kubectl fence run, lease duration in seconds.
     Cli(u32),
-    /// The Go library's fenced leader election on a FencedLease of this many seconds.
-    Go(u32),
+    /// The Go library on a FencedLease of this many seconds: its own elector (package
+    /// election), or client-go's elector on its resourcelock (package lock, `-lock`).
+    Go(u32, GoApi),
     /// kube-lease-manager: duration and grace, seconds.
     Klm(u64, u64),
     /// client-go: lease duration, renew deadline, retry period.
@@ -260,6 +263,13 @@ enum System {
     /// The floor (acquire only): a claim's create and its grant, by one process, on a
     /// FencedLease of this many seconds.
     Floor(u32),
+}
+
+/// Which of the Go library's election paths a Go candidate takes.
+#[derive(Clone, Copy, Debug)]
+enum GoApi {
+    Election,
+    Lock,
 }
 
 struct Config {
@@ -302,13 +312,25 @@ fn configs() -> Vec<Config> {
         },
         Config {
             name: "fenced-lease Go election, 15 s lease (default)".into(),
-            system: System::Go(15),
+            system: System::Go(15, GoApi::Election),
             duration: s(15),
             period: s(5),
         },
         Config {
             name: "fenced-lease Go election, 1 s lease (fastest)".into(),
-            system: System::Go(1),
+            system: System::Go(1, GoApi::Election),
+            duration: s(1),
+            period: ms(333),
+        },
+        Config {
+            name: "fenced-lease Go lock (client-go's elector), 15 s lease (default)".into(),
+            system: System::Go(15, GoApi::Lock),
+            duration: s(15),
+            period: s(5),
+        },
+        Config {
+            name: "fenced-lease Go lock (client-go's elector), 1 s lease (fastest)".into(),
+            system: System::Go(1, GoApi::Lock),
             duration: s(1),
             period: ms(333),
         },
@@ -507,15 +529,13 @@ impl Bench {
                 c.args(["-retry-period", &format!("{}ms", p.as_millis())]);
                 Proc::spawn(c)?
             }
-            System::Go(_) => {
+            System::Go(_, api) => {
                 let bin = self.args.go_candidate.as_ref();
-                Proc::spawn(go_candidate(
-                    bin,
-                    "--go-candidate",
-                    &self.ns,
-                    lease,
-                    &identity,
-                )?)?
+                let mut c = go_candidate(bin, "--go-candidate", &self.ns, lease, &identity)?;
+                if let GoApi::Lock = api {
+                    c.arg("-lock");
+                }
+                Proc::spawn(c)?
             }
             System::Cli(_) => {
                 // No "ready": the CLI is timed from its start, as a user's shell sees it.
@@ -566,7 +586,7 @@ impl Bench {
     /// Creates the lease a config needs (FencedLease for fenced-lease; the peers create their own).
     async fn prepare(&self, config: &Config, name: &str) -> Res<()> {
         match config.system {
-            System::Library(d) | System::Cli(d) | System::Go(d) => {
+            System::Library(d) | System::Cli(d) | System::Go(d, _) => {
                 self.fenced_lease(&self.ns, name, d).await?;
                 self.finalized(name).await
             }
@@ -593,7 +613,7 @@ impl Bench {
             System::ClientGo(..) if self.args.leaderelection.is_none() => {
                 Some("no --leaderelection binary (hack/bench-leaderelection builds it)")
             }
-            System::Go(_) if self.args.go_candidate.is_none() => {
+            System::Go(..) if self.args.go_candidate.is_none() => {
                 Some("no --go-candidate binary (go/examples/bench-candidate)")
             }
             _ => None,
@@ -620,7 +640,7 @@ impl Bench {
         let n_slow = if slow { n_slow } else { n };
         let watches = matches!(
             config.system,
-            System::Library(_) | System::Cli(_) | System::Go(_)
+            System::Library(_) | System::Cli(_) | System::Go(..)
         );
         let n_handover = if watches { n } else { n_slow };
         let timeout = config.duration * 3 + Duration::from_secs(30);

@@ -1,8 +1,9 @@
 // Command bench-candidate is a fenced leader-election candidate for fenced-lease's
 // benchmarks, speaking the line protocol of bench/leaderelection (the client-go candidate),
 // so that the two run side by side. It campaigns for the FencedLease NAME with package
-// election and prints one line per event, stamped with the wall clock in nanoseconds since
-// the epoch:
+// election (with -lock: client-go's own leaderelection.LeaderElector on package lock, the path
+// controller-runtime's manager takes) and prints one line per event, stamped with the wall
+// clock in nanoseconds since the epoch:
 //
 //	leading <ns> <token>   OnStartedLeading
 //	stopped <ns>           OnStoppedLeading
@@ -24,8 +25,11 @@ import (
 
 	"github.com/fenced-lease/fenced-lease/go/election"
 	"github.com/fenced-lease/fenced-lease/go/lease"
+	"github.com/fenced-lease/fenced-lease/go/lock"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
 )
 
 func main() {
@@ -34,6 +38,7 @@ func main() {
 	name := flag.String("name", "", "name of the FencedLease")
 	identity := flag.String("identity", "", "candidate identity")
 	waitStdin := flag.Bool("wait-stdin", false, `print "ready" and wait for a line on stdin first`)
+	useLock := flag.Bool("lock", false, "elect with client-go's LeaderElector on package lock")
 	flag.Parse()
 	if *name == "" || *identity == "" {
 		fmt.Fprintln(os.Stderr, "-name and -identity are required")
@@ -66,8 +71,21 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *useLock {
+		err = runLock(ctx, config, *namespace, *name, *identity, now)
+	} else {
+		err = runElection(ctx, c, *namespace, *name, *identity, now)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// runElection campaigns with package election: the token comes in OnStartedLeading.
+func runElection(ctx context.Context, c *lease.Client, namespace, name, identity string, now func() int64) error {
 	le, err := election.NewLeaderElector(election.LeaderElectionConfig{
-		Client: c, Namespace: *namespace, Name: *name, Identity: *identity,
+		Client: c, Namespace: namespace, Name: name, Identity: identity,
 		Callbacks: election.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context, token int64) {
 				fmt.Println("leading", now(), token)
@@ -77,11 +95,32 @@ func main() {
 			OnNewLeader:      func(id string) { fmt.Println("leader", now(), id) },
 		},
 	})
-	if err == nil {
-		err = le.Run(ctx)
-	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return err
 	}
+	return le.Run(ctx)
+}
+
+// runLock campaigns with client-go's elector on a lock.Lock, with the lock's timing and
+// ReleaseOnCancel, as controller-runtime's manager does; the token is the lock's.
+func runLock(ctx context.Context, config *rest.Config, namespace, name, identity string, now func() int64) error {
+	lk, err := lock.New(ctx, config, lock.Config{Namespace: namespace, Name: name, Identity: identity})
+	if err != nil {
+		return err
+	}
+	le, err := leaderelection.NewLeaderElector(lk.LeaderElectionConfig(leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(ctx context.Context) {
+			token, _ := lk.Token()
+			fmt.Println("leading", now(), token)
+			<-ctx.Done()
+		},
+		OnStoppedLeading: func() { fmt.Println("stopped", now()) },
+		OnNewLeader:      func(id string) { fmt.Println("leader", now(), id) },
+	}))
+	if err != nil {
+		return err
+	}
+	le.Run(ctx)
+	<-lk.Done() // the claim deleted
+	return nil
 }
