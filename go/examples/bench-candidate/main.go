@@ -27,7 +27,6 @@ import (
 	"github.com/fenced-lease/fenced-lease/go/lease"
 	"github.com/fenced-lease/fenced-lease/go/lock"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 )
@@ -65,14 +64,22 @@ func main() {
 		cancel()
 	}
 	now := func() int64 { return time.Now().UnixNano() }
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// The lock reads the lease's duration when it is built: before "ready", as the read above.
+	var lk *lock.Lock
+	if *useLock {
+		if lk, err = lock.New(ctx, config, lock.Config{Namespace: *namespace, Name: *name, Identity: *identity}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	if *waitStdin {
 		fmt.Println("ready", now())
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if *useLock {
-		err = runLock(ctx, config, *namespace, *name, *identity, now)
+	if lk != nil {
+		err = runLock(ctx, lk, now)
 	} else {
 		err = runElection(ctx, c, *namespace, *name, *identity, now)
 	}
@@ -103,11 +110,7 @@ func runElection(ctx context.Context, c *lease.Client, namespace, name, identity
 
 // runLock campaigns with client-go's elector on a lock.Lock, with the lock's timing and
 // ReleaseOnCancel, as controller-runtime's manager does; the token is the lock's.
-func runLock(ctx context.Context, config *rest.Config, namespace, name, identity string, now func() int64) error {
-	lk, err := lock.New(ctx, config, lock.Config{Namespace: namespace, Name: name, Identity: identity})
-	if err != nil {
-		return err
-	}
+func runLock(ctx context.Context, lk *lock.Lock, now func() int64) error {
 	le, err := leaderelection.NewLeaderElector(lk.LeaderElectionConfig(leaderelection.LeaderCallbacks{
 		OnStartedLeading: func(ctx context.Context) {
 			token, _ := lk.Token()
