@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
+	"github.com/fenced-lease/fenced-lease/go/internal/backoff"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -18,10 +19,7 @@ var errStop = errors.New("stop following")
 // watchBackoff is how watches come back after the API went away: quickly (a holder's
 // deadline is short), 200 ms doubling to 3 s, jittered so that holders do not reconnect in
 // step.
-func watchBackoff(failures int) time.Duration {
-	full := min(200*time.Millisecond<<min(max(failures, 1)-1, 4), 3*time.Second)
-	return time.Duration(float64(full) * (0.5 + 0.5*randFloat()))
-}
+var watchBackoff = backoff.Backoff{Base: 200 * time.Millisecond, Cap: 3 * time.Second}
 
 // followClaim follows the claim: the grant, the queue position, expiry and revocation,
 // deletion.
@@ -77,7 +75,7 @@ func (k *keeper) follow(resource, name string, seed runtime.Object, get func(con
 		if failures == 1 {
 			k.log.Info("watch failed; retrying", "resource", resource, "error", err.Error())
 		}
-		if !k.sleep(watchBackoff(failures)) {
+		if !backoff.Sleep(k.ctx, watchBackoff.Pause(failures, randFloat())) {
 			return
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fenced-lease/fenced-lease/go/api/v1alpha1"
+	"github.com/fenced-lease/fenced-lease/go/internal/backoff"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/watch"
 )
@@ -32,12 +33,8 @@ func (c *Client) WatchHolder(ctx context.Context, namespace, name string, change
 			continue
 		}
 		failures++
-		timer := time.NewTimer(watchBackoff(failures))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !backoff.Sleep(ctx, watchBackoff.Pause(failures, randFloat())) {
 			return
-		case <-timer.C:
 		}
 	}
 }
