@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenced-lease/fenced-lease/go/internal/backoff"
 	"github.com/fenced-lease/fenced-lease/go/lease"
 	"github.com/go-logr/logr"
 )
@@ -151,13 +152,13 @@ func (le *LeaderElector) Run(ctx context.Context) error {
 		case err != nil:
 			failures++
 			log.Info("candidacy failed; retrying", "error", err.Error())
-			if !sleep(ctx, retryPause(failures, rand.Float64())) {
+			if !backoff.Sleep(ctx, retryBackoff.Pause(failures, rand.Float64())) {
 				return nil
 			}
 			continue
 		}
 		failures = 0
-		if steppedDown := le.lead(ctx, log, l); steppedDown && !sleep(ctx, retryPause(1, rand.Float64())) {
+		if steppedDown := le.lead(ctx, log, l); steppedDown && !backoff.Sleep(ctx, retryBackoff.Pause(1, rand.Float64())) {
 			return nil
 		}
 	}
@@ -211,19 +212,5 @@ func (le *LeaderElector) newLeader(identity string) {
 	}
 }
 
-// retryPause is the pause before candidacy retry attempt: 1 s doubling to 30 s, jittered.
-func retryPause(attempt int, jitter float64) time.Duration {
-	full := min(time.Second<<min(max(attempt, 1)-1, 5), 30*time.Second)
-	return time.Duration(float64(full) * (0.5 + 0.5*jitter))
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
-	}
-}
+// retryBackoff paces candidacy retries: 1 s doubling to 30 s, jittered.
+var retryBackoff = backoff.Backoff{Base: time.Second, Cap: 30 * time.Second}

@@ -4,17 +4,16 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/fenced-lease/fenced-lease/go/internal/backoff"
 )
 
 // maxPause is the longest pause between retries while waiting.
 const maxPause = 5 * time.Second
 
-// waitPause is the pause before retry attempt (1-based) while waiting: 200 ms doubling to
-// 5 s, jittered so that a fleet does not stampede a recovering apiserver.
-func waitPause(attempt int, jitter float64) time.Duration {
-	full := min(200*time.Millisecond<<min(max(attempt, 1)-1, 7), maxPause)
-	return time.Duration(float64(full) * (0.5 + 0.5*min(max(jitter, 0), 1)))
-}
+// waitBackoff paces retries while waiting: 200 ms doubling to 5 s, jittered so that a fleet
+// does not stampede a recovering apiserver.
+var waitBackoff = backoff.Backoff{Base: 200 * time.Millisecond, Cap: maxPause}
 
 // budget is how long one Acquire may keep trying.
 type budget struct {
@@ -68,18 +67,14 @@ func (b *budget) pause(attempt int, err error) error {
 	if b.once || !retryable(err) {
 		return err
 	}
-	d := max(waitPause(attempt, randFloat()), min(retryAfter(err), maxPause))
+	d := max(waitBackoff.Pause(attempt, randFloat()), min(retryAfter(err), maxPause))
 	if !b.giveUp.IsZero() && time.Now().Add(d).After(b.giveUp) {
 		return err
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-b.ctx.Done():
+	if !backoff.Sleep(b.ctx, d) {
 		return b.cancelled()
 	}
+	return nil
 }
 
 // retry calls until an answer, retrying transient failures within the wait.

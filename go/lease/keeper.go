@@ -179,16 +179,4 @@ func (k *keeper) waitChange(changed <-chan struct{}, d time.Duration) bool {
 	return true
 }
 
-// sleep waits d; false if the hold ends first.
-func (k *keeper) sleep(d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-k.ctx.Done():
-		return false
-	case <-timer.C:
-		return true
-	}
-}
-
 func randFloat() float64 { return rand.Float64() }

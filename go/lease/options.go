@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fenced-lease/fenced-lease/go/internal/backoff"
 )
 
 // Wait values with a meaning of their own (any positive Options.Wait is a time limit).
@@ -143,10 +145,14 @@ func newTiming(duration, margin, callTimeout time.Duration) timing {
 	return t
 }
 
+// maxHeartbeatRetry bounds the pause between heartbeat retries on long leases: 100 ms
+// doubled nine times.
+const maxHeartbeatRetry = 51200 * time.Millisecond
+
 // retryAfter is the pause before retry number attempt (1-based) of a failed heartbeat:
-// exponential from 100 ms, at most a fifth of the renew period, with jitter in 0..1.
+// exponential from 100 ms, at most a fifth of the renew period (at least 20 ms, at most
+// maxHeartbeatRetry), with jitter in 0..1.
 func (t timing) retryAfter(attempt int, jitter float64) time.Duration {
-	limit := max(t.renewEvery/5, 20*time.Millisecond)
-	full := min(100*time.Millisecond<<min(max(attempt, 1)-1, 9), limit)
-	return time.Duration(float64(full) * (0.5 + 0.5*min(max(jitter, 0), 1)))
+	limit := min(max(t.renewEvery/5, 20*time.Millisecond), maxHeartbeatRetry)
+	return backoff.Backoff{Base: 100 * time.Millisecond, Cap: limit}.Pause(attempt, jitter)
 }

@@ -65,6 +65,12 @@ func TestRenewsThreeTimesPerDurationWithATenthAsMargin(t *testing.T) {
 	if got := tm.retryAfter(30, 1); got != time.Second {
 		t.Errorf("retries capped at %v, want a fifth of the renew period", got)
 	}
+	if got := newTiming(time.Hour, 0, 0).retryAfter(30, 1); got != maxHeartbeatRetry {
+		t.Errorf("retries on an hour's lease capped at %v, want %v", got, maxHeartbeatRetry)
+	}
+	if got := newTiming(100*time.Millisecond, 0, 0).retryAfter(1, 0); got != 10*time.Millisecond {
+		t.Errorf("first retry on a 100ms lease after %v, want half of 20ms", got)
+	}
 }
 
 // The deadline clock counts suspend: it agrees with /proc/uptime (time since boot, suspend
