@@ -34,9 +34,11 @@
 //! ```
 
 mod acquire;
+mod budget;
 mod claim;
 pub mod cli;
 mod clock;
+mod create;
 mod election;
 mod error;
 mod guard;

@@ -7,8 +7,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::gather::newest_grant;
 use super::pods;
-use super::write_status::newest_grant;
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::Plan;

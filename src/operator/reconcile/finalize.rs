@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use tracing::{info, warn};
 
+use super::gather::claims_of;
 use super::report::report;
-use super::write_status::{Outcome, claims_of, write_lease_status};
+use super::write_status::{Outcome, write_lease_status};
 use super::{Action, claims, pods, token_records};
 use crate::api::{
     ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus, duration_from_seconds,

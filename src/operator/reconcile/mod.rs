@@ -12,6 +12,7 @@ use std::time::Duration;
 pub mod claims;
 pub mod expire;
 pub mod finalize;
+mod gather;
 pub mod lease;
 mod lookup;
 pub mod missing_lease;

@@ -2,7 +2,6 @@
 //! reconcile has read from the API, and carries out the [`next_step`] it names.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,13 +10,14 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use tracing::info;
 
+use super::gather::{Gathered, Reads, holder_of, newest_grant};
 use super::pods;
 use super::token_records;
-use crate::api::{ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus};
+use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
 use crate::operator::core::status;
-use crate::operator::core::step::{Known, Round, Step, next_step};
+use crate::operator::core::step::{Round, Step, next_step};
 use crate::operator::error::{Error, Result, timed};
 use crate::operator::reconcile::expire::{Confirmed, Fresh, Silent, confirm_and_expire};
 use crate::operator::state::CachedClaim;
@@ -38,15 +38,6 @@ pub enum Outcome {
     /// The lease was replaced, is being deleted, or lost its finalizer since the reconcile
     /// started: decide again from the start.
     Requeue,
-}
-
-/// What the reconcile has read from the API, over the caches.
-#[derive(Default)]
-struct Reads {
-    known: Known,
-    fresh: Fresh,
-    /// Pod presence the API confirmed for a claim (by UID), over the cache's.
-    pods: HashMap<String, PodPresence>,
 }
 
 /// Decides and writes the lease status, reading from the API first what the decision rests
@@ -131,82 +122,6 @@ fn written(
 ) -> Outcome {
     Outcome::Written(Box::new((before, lease, plan, claims)))
 }
-
-/// A lease's claims as the caches have them when its reconcile begins, with what the decision
-/// reads of each. Gathered once per reconcile, not once per round, unless the lease changed
-/// under the reconcile: on a lease with a long queue, reading every claim from the caches is
-/// most of a reconcile's work. What a round has read from the API takes the place of a
-/// claim's cached copy (see [`Gathered::overlaid`]).
-struct Gathered {
-    claims: Vec<Arc<CachedClaim>>,
-    views: Vec<ClaimView>,
-    /// The holder (claim UID, pod UID) the views' pod presence was judged for.
-    holder: Holder,
-}
-
-/// A lease's holder as far as its pod goes: the claim UID and the pod UID it was granted to.
-type Holder = (Option<String>, Option<String>);
-
-/// The holder a lease status names.
-fn holder_of(status: Option<&FencedLeaseStatus>) -> Holder {
-    let holder = status.and_then(|s| s.holder.as_ref());
-    (
-        holder.map(|h| h.claim_uid.clone()),
-        holder.and_then(|h| h.pod_uid.clone()),
-    )
-}
-
-/// The claims' views, each pod's presence judged against the pod the holder was granted to.
-fn views(
-    ctx: &Context,
-    claims: &[Arc<CachedClaim>],
-    holder: &Holder,
-    reads: &Reads,
-) -> Vec<ClaimView> {
-    let now = Instant::now();
-    claims
-        .iter()
-        .map(|c| {
-            let granted_to = (c.metadata.uid == holder.0)
-                .then_some(holder.1.as_deref())
-                .flatten();
-            let confirmed = c.metadata.uid.as_ref().and_then(|u| reads.pods.get(u));
-            let pod = confirmed
-                .copied()
-                .unwrap_or_else(|| pods::presence(c, &ctx.pods, granted_to));
-            claim_view(ctx, c, pod, now)
-        })
-        .collect()
-}
-
-impl Gathered {
-    fn new(ctx: &Context, lease: &FencedLease) -> Gathered {
-        let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
-        let claims = claims_of(ctx, &ns, &name);
-        let holder = holder_of(lease.status.as_ref());
-        let views = views(ctx, &claims, &holder, &Reads::default());
-        Gathered {
-            claims,
-            views,
-            holder,
-        }
-    }
-
-    /// The claims and their views with what `reads` learnt from the API over the cached
-    /// copies, for a lease held by `holder`; borrowed as gathered when nothing was read and
-    /// the holder is the one gathered for.
-    fn overlaid(&self, ctx: &Context, reads: &Reads, holder: &Holder) -> Overlaid<'_> {
-        if reads.fresh.is_empty() && reads.pods.is_empty() && *holder == self.holder {
-            return (Cow::Borrowed(&self.claims), Cow::Borrowed(&self.views));
-        }
-        let claims = overlay(self.claims.clone(), &reads.fresh);
-        let views = views(ctx, &claims, holder, reads);
-        (Cow::Owned(claims), Cow::Owned(views))
-    }
-}
-
-/// Claims and their views, borrowed or overlaid.
-type Overlaid<'g> = (Cow<'g, [Arc<CachedClaim>]>, Cow<'g, [ClaimView]>);
 
 /// One round's decision, and what it rests on.
 struct Decided<'g> {
@@ -383,34 +298,6 @@ async fn write(
     }
 }
 
-/// The highest token any `Granted` claim shows.
-pub fn newest_grant(claims: &[Arc<CachedClaim>]) -> i64 {
-    claims
-        .iter()
-        .filter_map(|c| c.status.as_ref())
-        .filter(|s| s.phase == Some(ClaimPhase::Granted))
-        .filter_map(|s| s.fencing_token)
-        .max()
-        .unwrap_or(0)
-}
-
-fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant) -> ClaimView {
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    ClaimView {
-        name: claim.name_any(),
-        last_beat: ctx.heartbeats.last_change(&uid, now),
-        uid,
-        created: claim
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(0, |t| t.0.as_second()),
-        deleting: claim.metadata.deletion_timestamp.is_some(),
-        pod,
-        phase: claim.status.as_ref().and_then(|s| s.phase),
-    }
-}
-
 /// A hold ends because its claim or pod is gone only when the API says so. When the cache
 /// alone says so (it has not heard of the claim or its pod yet), the holder's claim and pod
 /// presence as the API has them are recorded in `reads`, to decide again on.
@@ -445,29 +332,4 @@ async fn confirm_holder(ctx: &Context, ns: &str, d: &Decided<'_>, reads: &mut Re
         reads.fresh.insert(uid, Some(claim));
     }
     Ok(())
-}
-
-/// The claims of lease `ns/lease` in the cache, found by index.
-pub fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> {
-    ctx.claims_by_lease
-        .get(ns, lease)
-        .into_iter()
-        .filter_map(|name| ctx.claims.get(ns, &name))
-        .filter(|c| c.spec.lease_name == lease)
-        .collect()
-}
-
-/// `claims` with those read from the API (`fresh`) in place of their cached copies.
-fn overlay(claims: Vec<Arc<CachedClaim>>, fresh: &Fresh) -> Vec<Arc<CachedClaim>> {
-    let mut claims: Vec<Arc<CachedClaim>> = claims
-        .into_iter()
-        .filter(|c| {
-            !c.metadata
-                .uid
-                .as_ref()
-                .is_some_and(|uid| fresh.contains_key(uid))
-        })
-        .collect();
-    claims.extend(fresh.values().flatten().cloned().map(Arc::new));
-    claims
 }
