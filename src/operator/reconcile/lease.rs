@@ -27,9 +27,6 @@ use crate::operator::state::failures::RETRY;
 const STALE_RETRY: Duration = Duration::from_secs(2);
 
 pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Action> {
-    if !ctx.is_synced() {
-        return Ok(Action::requeue(Duration::from_millis(200)));
-    }
     let started = Instant::now();
     let result = reconcile_lease(lease.clone(), &ctx).await;
     ctx.metrics

@@ -46,9 +46,6 @@ fn failure_key(claim: &CachedClaim) -> String {
 }
 
 async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
-    if !ctx.is_synced() {
-        return Ok(Some(Duration::from_millis(200)));
-    }
     let ns = claim
         .metadata
         .namespace

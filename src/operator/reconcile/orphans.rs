@@ -7,7 +7,6 @@
 //! while the apiserver cannot read FencedLeases.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -48,12 +47,6 @@ pub async fn sweep(
             () = stop.cancelled() => return,
             o = orphans.recv() => match o { Some(o) => o, None => return },
         };
-        while !ctx.is_synced() {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
         if let Err(error) = remove_if_gone(&ctx, &orphan).await {
             warn!(left = ?orphan.left, namespace = %orphan.namespace, lease = %orphan.lease, %error, "cannot remove what a deleted lease left behind");
         }

@@ -95,18 +95,25 @@ pub async fn run(
         &triggers,
         &stop,
     ));
-    let (to_controller, controller_triggers) = mpsc::unbounded_channel();
-    tasks.extend(workers(
-        &ctx,
-        &memory,
-        receivers,
-        &triggers,
-        to_controller,
-        &stop,
-    ));
-    tokio::spawn(mark_synced(ctx.clone(), memory, ready));
-    info!(namespaces = ?settings.namespaces, "controllers started");
-    run_lease_controller(ctx, controller_triggers, stop.clone()).await;
+    // No decision before every cache has synced: what the feeds trigger meanwhile waits in
+    // their channels, and the reconcilers start once, on complete caches.
+    let synced = tokio::select! {
+        () = stop.cancelled() => false,
+        synced = mark_synced(&ctx, &memory, &ready) => synced,
+    };
+    if synced {
+        let (to_controller, controller_triggers) = mpsc::unbounded_channel();
+        tasks.extend(workers(
+            &ctx,
+            &memory,
+            receivers,
+            &triggers,
+            to_controller,
+            &stop,
+        ));
+        info!(namespaces = ?settings.namespaces, "controllers started");
+        run_lease_controller(ctx, controller_triggers, stop.clone()).await;
+    }
     stop.cancel();
     for task in tasks {
         let _ = task.await;
@@ -283,9 +290,9 @@ async fn run_lease_controller(
     .await
 }
 
-/// Marks the operator synced (and ready) once every cache has synced: until then no decision
-/// is taken.
-async fn mark_synced(ctx: Arc<Context>, memory: Memory, ready: Arc<AtomicBool>) {
+/// Waits until every cache has synced, then marks the operator synced (and ready); false if
+/// a cache stopped first.
+async fn mark_synced(ctx: &Context, memory: &Memory, ready: &AtomicBool) -> bool {
     let started = Instant::now();
     let (leases, claims, pods) = (&memory.leases, &memory.claims, &memory.pods);
     match futures::join!(wait_synced(leases), claims.ready(), pods.ready()) {
@@ -295,9 +302,11 @@ async fn mark_synced(ctx: Arc<Context>, memory: Memory, ready: Arc<AtomicBool>) 
             let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             let (leases, claims, pods) = (leases.len(), claims.len(), pods.len());
             info!(leases, claims, pods, elapsed_ms, "caches synced");
+            true
         }
         (l, c, p) => {
-            warn!(leases = ?l.err(), claims = ?c.err(), pods = ?p.err(), "caches stopped before they synced")
+            warn!(leases = ?l.err(), claims = ?c.err(), pods = ?p.err(), "caches stopped before they synced");
+            false
         }
     }
 }

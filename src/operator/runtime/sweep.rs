@@ -43,13 +43,6 @@ pub async fn run(
             () = stop.cancelled() => return,
             request = requests.recv() => if request.is_none() { return },
         }
-        // Reconciles before the caches have synced only requeue themselves.
-        while !ctx.is_synced() {
-            if stop.is_cancelled() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         // Requests made until now (the lease, claim and pod lists all end at the start) are
         // served by this sweep.
         while requests.try_recv().is_ok() {}
