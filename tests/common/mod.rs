@@ -506,33 +506,61 @@ impl TestNamespace {
 }
 
 /// A background heartbeat of one claim, as a live candidate sends it; stops when dropped.
-pub struct Beating(tokio::task::JoinHandle<()>);
+pub struct Beating {
+    stop: tokio_util::sync::CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
 
 impl Drop for Beating {
     fn drop(&mut self) {
-        self.0.abort();
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
 impl TestNamespace {
     /// Heartbeats claim `name` every `every` until the returned handle is dropped (a waiter
     /// that stops beating for a lease duration is skipped and expired by the operator).
+    ///
+    /// The beats run on a thread and a runtime of their own, with their own client: a test
+    /// that blocks its runtime (kubectl run with `std::process`, as most do) must not starve
+    /// them, or the operator expires the claim while the test relies on it.
     pub fn keep_beating(&self, name: &str, every: Duration) -> Beating {
-        let api: Api<fenced_lease::api::FencedLeaseClaim> = self.api();
-        let name = name.to_string();
-        Beating(tokio::spawn(async move {
-            loop {
-                let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                let patch = serde_json::json!({"spec": {"renewTime": now}});
-                let _ = api
-                    .patch(
-                        &name,
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
-                    .await;
-                tokio::time::sleep(every).await;
-            }
-        }))
+        let (cp, ns, name) = (self.cp, self.name.clone(), name.to_string());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("heartbeat runtime");
+            runtime.block_on(async move {
+                let client = Client::try_from(cp.admin_config().await).expect("admin client");
+                let api: Api<fenced_lease::api::FencedLeaseClaim> = Api::namespaced(client, &ns);
+                loop {
+                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                    let patch = serde_json::json!({"spec": {"renewTime": now}});
+                    let (params, patch) = (
+                        kube::api::PatchParams::default(),
+                        kube::api::Patch::Merge(&patch),
+                    );
+                    let beat = api.patch(&name, &params, &patch);
+                    tokio::select! {
+                        () = stopped.cancelled() => return,
+                        _ = beat => {}
+                    }
+                    tokio::select! {
+                        () = stopped.cancelled() => return,
+                        () = tokio::time::sleep(every) => {}
+                    }
+                }
+            });
+        });
+        Beating {
+            stop,
+            thread: Some(thread),
+        }
     }
 }
