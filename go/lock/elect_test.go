@@ -150,10 +150,7 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 		t.Fatalf("a's gauges while it leads: leader %v, token %v (term %d)", leader, token, first)
 	}
 	b := startCandidate(t, cfg, admin, ns, "b")
-	testenv.Eventually(t, "b's claim queued", 10*time.Second, func() error {
-		_, err := claimOf(admin, ns, "b")
-		return err
-	})
+	b.queued(t, admin, ns)
 
 	revoked := time.Now()
 	claim, err := claimOf(admin, ns, "a")
@@ -223,10 +220,7 @@ func TestAHandOverIsNotPacedByTheRetryPeriod(t *testing.T) {
 	leader.leads(t, 60*time.Second)
 	for i := 1; i <= 4; i++ {
 		next := startCandidate(t, cfg, admin, ns, fmt.Sprintf("c%d", i))
-		testenv.Eventually(t, next.name+"'s claim queued", 10*time.Second, func() error {
-			_, err := claimOf(admin, ns, next.name)
-			return err
-		})
+		next.queued(t, admin, ns)
 		if retry := next.lock.Timing().RetryPeriod; retry < time.Second {
 			t.Fatalf("RetryPeriod %v: the test needs a lease whose RetryPeriod is at least 1 s", retry)
 		}
@@ -240,6 +234,15 @@ func TestAHandOverIsNotPacedByTheRetryPeriod(t *testing.T) {
 		}
 		leader = next
 	}
+}
+
+// queued waits until the candidate's claim exists: it is in the lease's queue.
+func (c *candidate) queued(t *testing.T, admin client.Client, ns string) {
+	t.Helper()
+	testenv.Eventually(t, c.name+"'s claim queued", 10*time.Second, func() error {
+		_, err := claimOf(admin, ns, c.name)
+		return err
+	})
 }
 
 func claimOf(c client.Client, ns, identity string) (*v1alpha1.FencedLeaseClaim, error) {
