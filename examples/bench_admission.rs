@@ -51,6 +51,8 @@
 
 #[path = "bench/common.rs"]
 mod common;
+#[path = "bench/writers.rs"]
+mod writers;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Display;
@@ -67,14 +69,12 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::AuthInfo;
 use kube::runtime::watcher;
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::json;
+use writers::{writer_clients, writer_pods};
 
 const SECTION: &str = "admission at scale";
 /// The label every lease of a run carries (its value: the run's id), for the lease watch.
@@ -695,7 +695,7 @@ async fn run(args: Args) -> Res<bool> {
         .await?;
     }
     let outcome = async {
-        let pods = writer_pods(&client, &layout.i11).await?;
+        let pods = writer_pods(&client, &layout.i11, call_timeout()).await?;
         let leases = Leases::watch(&client, &run);
         leases.synced(Duration::from_secs(60)).await?;
         let log = args.log_dir.join(format!("admission-{run}-operator.log"));
@@ -1183,7 +1183,8 @@ impl Bench {
     /// I11: hand-overs between the two writer pods of a lease fencing configmaps by kind.
     async fn identity_window(&mut self, label: &str) -> Res<()> {
         let ns = self.layout.i11.clone();
-        let writers = writer_clients(&self.client, &ns, &self.pods).await?;
+        let probe = configmap("probe", &[], &[]);
+        let writers = writer_clients(&self.client, &ns, &self.pods, probe, call_timeout()).await?;
         let leases: Api<FencedLease> = Api::namespaced(self.client.clone(), &ns);
         let claims: Api<FencedLeaseClaim> = Api::namespaced(self.client.clone(), &ns);
         let lease = "ident";
@@ -1607,131 +1608,4 @@ async fn timed<T, E: Display>(what: &str, fut: impl Future<Output = Result<T, E>
     let started = Instant::now();
     call(what, fut).await?;
     Ok(ms(started.elapsed()))
-}
-
-// --- the writer pods of the I11 window ---------------------------------------------------------
-
-/// ServiceAccount `writer` may create ConfigMaps in `ns`; pods `writer-a` and `writer-b` run as
-/// it (Pending: no kubelet). Their names and UIDs.
-async fn writer_pods(client: &Client, ns: &str) -> Res<Vec<(String, String)>> {
-    let pp = PostParams::default();
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let account = serde_json::from_value(json!({"metadata": {"name": "writer"}}))?;
-    call(
-        "create ServiceAccount writer",
-        accounts.create(&pp, &account),
-    )
-    .await?;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "writer"},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}],
-    }))?;
-    call(
-        "create Role writer",
-        Api::<Role>::namespaced(client.clone(), ns).create(&pp, &role),
-    )
-    .await?;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "writer"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "writer"},
-        "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": ns}],
-    }))?;
-    call(
-        "create RoleBinding writer",
-        Api::<RoleBinding>::namespaced(client.clone(), ns).create(&pp, &binding),
-    )
-    .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let mut made = vec![];
-    for name in ["writer-a", "writer-b"] {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "serviceAccountName": "writer",
-                "containers": [{"name": "main", "image": "example.invalid/writer:1"}],
-            },
-        }))?;
-        let uid = call(format!("create pod {name}"), pods.create(&pp, &pod))
-            .await?
-            .metadata
-            .uid
-            .ok_or("a pod without a UID")?;
-        made.push((name.to_string(), uid));
-    }
-    Ok(made)
-}
-
-/// A pod the bench writes as: a client with a token bound to it, as the pod mounts.
-struct WriterPod {
-    name: String,
-    configmaps: Api<ConfigMap>,
-}
-
-/// Fresh tokens (an hour) for the writer pods, and a client for each.
-async fn writer_clients(
-    client: &Client,
-    ns: &str,
-    pods: &[(String, String)],
-) -> Res<Vec<WriterPod>> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let mut writers = vec![];
-    for (name, uid) in pods {
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(name.clone()),
-                    uid: Some(uid.clone()),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let issued: TokenRequest = call(
-            format!("token for pod {name}"),
-            accounts.create_subresource("token", "writer", &PostParams::default(), &request),
-        )
-        .await?;
-        let token = issued
-            .status
-            .map(|s| s.token)
-            .ok_or("a TokenRequest without a token")?;
-        let mut config = Config::infer().await?;
-        config.auth_info = serde_json::from_value::<AuthInfo>(json!({ "token": token }))?;
-        writers.push(WriterPod {
-            name: name.clone(),
-            configmaps: Api::namespaced(fenced_lease::client::client(config)?, ns),
-        });
-    }
-    Ok(writers)
-}
-
-impl WriterPod {
-    /// A dry-run create of a ConfigMap as this pod: whether the identity rule refused it.
-    async fn refused(&self) -> Res<bool> {
-        let probe = configmap("probe", &[], &[]);
-        let dry_run = PostParams {
-            dry_run: true,
-            ..Default::default()
-        };
-        match tokio::time::timeout(call_timeout(), self.configmaps.create(&dry_run, &probe)).await {
-            Ok(Ok(_)) => Ok(false),
-            // Refused by an admission policy (not by RBAC, which says "cannot create").
-            Ok(Err(kube::Error::Api(s)))
-                if s.code == 403
-                    && (s.message.contains("ValidatingAdmissionPolicy")
-                        || s.message.contains("does not hold")) =>
-            {
-                Ok(true)
-            }
-            Ok(Err(e)) => fail(format!("a write by pod {}: {e}", self.name)),
-            Err(_) => fail(format!(
-                "a write by pod {}: no answer within {:?}",
-                self.name,
-                call_timeout()
-            )),
-        }
-    }
 }

@@ -26,6 +26,7 @@ use super::{MAX_LEASE_NAME_LEN, MAX_MIN_TOKEN, duration_from_seconds};
     doc = "A lease with a fencing token: at most one holder at a time, and every grant carries a token larger than all earlier ones.",
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity", description = "Identity of the current holder"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken", description = "Last fencing token issued"),
+    printcolumn(name = "Follows", type_ = "string", json_path = ".spec.follow.lease", description = "The coordination.k8s.io Lease whose holder holds this lease", priority = 1),
     printcolumn(name = "Waiting", type_ = "integer", json_path = ".status.waiting", description = "Claims waiting for the lease"),
     printcolumn(name = "Duration", type_ = "integer", json_path = ".spec.leaseDurationSeconds", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
@@ -64,6 +65,26 @@ pub struct FencedLeaseSpec {
     /// verb, any subresource) by a pod that is not the holder's pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<FenceSpec>,
+
+    /// Follow a `coordination.k8s.io/v1` Lease of this namespace (the one a controller's
+    /// leader election writes): its holder is this lease's holder, and claims are not
+    /// granted. Each change of the Lease's holder issues a new token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<FollowSpec>,
+}
+
+/// The coordination Lease a FencedLease follows (`spec.follow`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FollowSpec {
+    /// Name of the `coordination.k8s.io/v1` Lease, in the FencedLease's namespace. Its
+    /// `holderIdentity` names the holder: the pod of that name, or of the part before the
+    /// first `_` (`<hostname>_<uuid>`, as controller-runtime writes it).
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub lease: String,
 }
 
 /// The objects a lease fences by kind (`spec.fence`).
@@ -262,11 +283,14 @@ pub struct FencedLeaseStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct LeaseHolder {
-    /// Name of the holding `FencedLeaseClaim`, in the lease's namespace.
+    /// Name of the holding `FencedLeaseClaim`, in the lease's namespace (empty for the
+    /// holder of a followed Lease).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub claim: String,
     /// UID of that claim: a new claim of the same name is a different candidate.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub claim_uid: String,
-    /// The claim's `holderIdentity`.
+    /// The claim's `holderIdentity`, or the followed Lease's.
     pub identity: String,
     /// The claim's `podName`, if it names a pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -275,4 +299,22 @@ pub struct LeaseHolder {
     /// replacement) never inherits the hold or the token annotation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// For a lease that follows a coordination Lease (`spec.follow`): the term of that Lease
+    /// this holder was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<FollowedTerm>,
+}
+
+/// A term of a followed coordination Lease: the Lease object and how many times it had
+/// changed hands. A new object (deleted and created again), another count, another holder
+/// identity or another pod is another term, and gets a new token.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FollowedTerm {
+    /// The Lease's name.
+    pub name: String,
+    /// The Lease's UID.
+    pub uid: String,
+    /// Its `spec.leaseTransitions` (0 when unset).
+    pub lease_transitions: i64,
 }

@@ -14,7 +14,8 @@ mod lease;
 pub use claim::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseClaimStatus};
 pub use crdgen::{CrdFile, crd_files};
 pub use lease::{
-    FenceSpec, FencedLease, FencedLeaseSpec, FencedLeaseStatus, FencedResource, LeaseHolder,
+    FenceSpec, FencedLease, FencedLeaseSpec, FencedLeaseStatus, FencedResource, FollowSpec,
+    FollowedTerm, LeaseHolder,
 };
 
 /// Prefix of the annotation that carries a lease's token on its holder's pod.

@@ -11,6 +11,7 @@ use kube::runtime::reflector::Store;
 use super::admission::Admission;
 use super::events::Events;
 use super::metrics::Metrics;
+use super::state::followed::CachedLease;
 use super::state::{
     Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites, PendingRecords,
     Positions, RecordsAhead, Swept, Wakeups,
@@ -33,6 +34,8 @@ pub struct Context {
     pub claims: Cache<CachedClaim>,
     /// Pods as [`CachedPod`]: existence, UID and token annotations are all the operator reads.
     pub pods: Cache<CachedPod>,
+    /// Coordination Leases, which leases with `spec.follow` follow: holder and transitions.
+    pub followed: Cache<CachedLease>,
     pub heartbeats: Arc<Heartbeats>,
     /// Events are queued here and published in the background, never awaited.
     pub events: Events,

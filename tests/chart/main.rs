@@ -584,6 +584,18 @@ async fn core_scenario(ns: &TestNamespace, policy_prefix: &str) {
     )
     .await;
 
+    // A lease that follows a coordination Lease: the pod its holder identity names holds it
+    // (the operator watches and reads Leases).
+    let out = ns.kubectl_apply(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: ctrl}\nspec: {holderIdentity: p_0b1a4c8e}\n---\napiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {name: f}\nspec: {follow: {lease: ctrl}}\n",
+    );
+    assert!(out.status.success(), "{}", common::cli::both(&out));
+    wait_for("pod p annotated with f's token", WAIT, || async {
+        annotation(ns, "p", "f").await.map(|_| ())
+    })
+    .await;
+    ns.delete_lease("f").await;
+
     // Deleting leases goes through the finalizer, which records their last tokens (the
     // operator's own records, in its namespace): a lease re-created under the same name
     // continues above them.

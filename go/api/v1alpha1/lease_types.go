@@ -35,6 +35,17 @@ type FencedLeaseSpec struct {
 	// Fence names kinds of objects in the lease's namespace that only the lease's holder pod
 	// may write, without labelling or stamping them.
 	Fence *FenceSpec `json:"fence,omitempty"`
+	// Follow names a coordination.k8s.io/v1 Lease of this namespace (a controller's leader
+	// election) whose holder is this lease's holder; claims are not granted then, and each
+	// change of the Lease's holder issues a new token.
+	Follow *FollowSpec `json:"follow,omitempty"`
+}
+
+// FollowSpec names the coordination Lease a FencedLease follows (spec.follow).
+type FollowSpec struct {
+	// Lease is the Lease's name, in the FencedLease's namespace. Its holderIdentity names the
+	// holder: the pod of that name, or of the part before the first "_".
+	Lease string `json:"lease"`
 }
 
 // FenceSpec names the objects a lease fences by kind (spec.fence).
@@ -76,7 +87,8 @@ type FencedLeaseStatus struct {
 
 // LeaseHolder says who holds a lease.
 type LeaseHolder struct {
-	// Claim is the name of the holding FencedLeaseClaim, in the lease's namespace.
+	// Claim is the name of the holding FencedLeaseClaim, in the lease's namespace (empty for
+	// the holder of a followed Lease).
 	Claim string `json:"claim,omitempty"`
 	// ClaimUID is the UID of that claim: a new claim of the same name is another candidate.
 	ClaimUID string `json:"claimUid,omitempty"`
@@ -86,6 +98,20 @@ type LeaseHolder struct {
 	PodName *string `json:"podName,omitempty"`
 	// PodUID is the UID of that pod when it was granted.
 	PodUID *string `json:"podUid,omitempty"`
+	// Lease is, for a lease that follows a coordination Lease, the term of that Lease this
+	// holder was taken from.
+	Lease *FollowedTerm `json:"lease,omitempty"`
+}
+
+// FollowedTerm is a term of a followed coordination Lease: another object, count of
+// transitions, holder identity or pod is another term, with a new token.
+type FollowedTerm struct {
+	// Name is the Lease's name.
+	Name string `json:"name,omitempty"`
+	// UID is the Lease's UID.
+	UID string `json:"uid,omitempty"`
+	// LeaseTransitions is the Lease's spec.leaseTransitions.
+	LeaseTransitions int64 `json:"leaseTransitions,omitempty"`
 }
 
 // FencedLeaseList is a list of FencedLeases.

@@ -20,6 +20,9 @@ pub struct LeaseReport {
     pub term_duration_seconds: Option<i32>,
     /// The last token issued.
     pub token: i64,
+    /// The coordination Lease whose holder holds this lease (`spec.follow`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follows: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holder: Option<HolderReport>,
     /// Pending claims, next first.
@@ -32,6 +35,8 @@ pub struct LeaseReport {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HolderReport {
+    /// Empty for the holder of a followed Lease.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub claim: String,
     pub identity: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -70,7 +75,7 @@ pub struct QueuedClaim {
 pub struct Columns {
     /// A NAMESPACE column (`-A`).
     pub namespace: bool,
-    /// DURATION, CLAIM and POD columns (`-o wide`).
+    /// DURATION, CLAIM, POD and FOLLOWS columns (`-o wide`).
     pub wide: bool,
 }
 
@@ -121,6 +126,7 @@ impl LeaseReport {
             lease_duration_seconds: lease.spec.lease_duration_seconds,
             term_duration_seconds: term,
             token: status.fencing_token,
+            follows: lease.spec.follow.as_ref().map(|f| f.lease.clone()),
             holder,
             waiting,
             created: lease.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -138,6 +144,11 @@ impl LeaseReport {
             "Lease:     {}/{} (duration {}s{term})\nToken:     {}\n",
             self.namespace, self.name, self.lease_duration_seconds, self.token
         );
+        if let Some(lease) = &self.follows {
+            out.push_str(&format!(
+                "Follows:   Lease {lease} (coordination.k8s.io): its holder holds this lease\n"
+            ));
+        }
         match &self.holder {
             None => out.push_str("Holder:    <none>\n"),
             Some(h) => {
@@ -146,10 +157,11 @@ impl LeaseReport {
                     .as_deref()
                     .map(|p| format!(", pod {p}"))
                     .unwrap_or_default();
-                out.push_str(&format!(
-                    "Holder:    {} (claim {}{pod})\n",
-                    h.identity, h.claim
-                ));
+                let of = match (&self.follows, h.claim.as_str()) {
+                    (Some(lease), "") => format!("holder of Lease {lease}"),
+                    _ => format!("claim {}", h.claim),
+                };
+                out.push_str(&format!("Holder:    {} ({of}{pod})\n", h.identity));
                 if let Some(t) = h.acquire_time {
                     out.push_str(&format!("Acquired:  {t} ({})\n", relative(t, now)));
                 }
@@ -203,7 +215,7 @@ pub fn list_table(reports: &[LeaseReport], now: Timestamp, columns: Columns) -> 
     }
     header.extend(["NAME", "HOLDER", "TOKEN", "WAITING", "EXPIRES"].map(String::from));
     if columns.wide {
-        header.extend(["DURATION", "CLAIM", "POD"].map(String::from));
+        header.extend(["DURATION", "CLAIM", "POD", "FOLLOWS"].map(String::from));
     }
     header.push("AGE".into());
     let mut rows = vec![header];
@@ -228,10 +240,16 @@ pub fn list_table(reports: &[LeaseReport], now: Timestamp, columns: Columns) -> 
                     "{}s",
                     r.term_duration_seconds.unwrap_or(r.lease_duration_seconds)
                 ),
-                holder.map_or("<none>".into(), |h| h.claim.clone()),
+                holder
+                    .map(|h| h.claim.clone())
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| "<none>".into()),
                 holder
                     .and_then(|h| h.pod.clone())
                     .unwrap_or_else(|| "<none>".into()),
+                r.follows
+                    .as_ref()
+                    .map_or("-".into(), |l| format!("Lease/{l}")),
             ]);
         }
         row.push(r.created.map_or("-".into(), |t| age(t, now)));
@@ -418,12 +436,45 @@ mod tests {
         let lines: Vec<_> = listed.lines().collect();
         assert_eq!(
             lines[0],
-            "NAMESPACE   NAME   HOLDER     TOKEN   WAITING   EXPIRES   DURATION   CLAIM   POD        AGE"
+            "NAMESPACE   NAME   HOLDER     TOKEN   WAITING   EXPIRES   DURATION   CLAIM   POD        FOLLOWS   AGE"
         );
         assert_eq!(
             lines[1],
-            "prod        db     worker-1   7       2         in 10s    15s        db-a    worker-1   1m5s"
+            "prod        db     worker-1   7       2         in 10s    15s        db-a    worker-1   -         1m5s"
         );
+    }
+
+    #[test]
+    fn a_following_lease_says_which_lease_it_follows_and_names_no_claim() {
+        let mut lease = lease(serde_json::json!({
+            "fencingToken": 9,
+            "holder": {"identity": "ctrl-0_5f1e", "podName": "ctrl-0", "podUid": "p",
+                       "lease": {"name": "ctrl", "uid": "l", "leaseTransitions": 2}},
+        }));
+        lease.spec.follow = Some(crate::api::FollowSpec {
+            lease: "ctrl".into(),
+        });
+        let report = LeaseReport::new(&lease, &[]);
+        assert_eq!(report.follows.as_deref(), Some("ctrl"));
+        let text = report.detail(now(), false);
+        assert!(
+            text.contains("Follows:   Lease ctrl (coordination.k8s.io)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Holder:    ctrl-0_5f1e (holder of Lease ctrl, pod ctrl-0)"),
+            "{text}"
+        );
+        let wide = Columns {
+            namespace: false,
+            wide: true,
+        };
+        let listed = list_table(std::slice::from_ref(&report), now(), wide);
+        let row: Vec<_> = listed.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(row[6..9], ["<none>", "ctrl-0", "Lease/ctrl"], "{listed}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["follows"], "ctrl");
+        assert!(json["holder"].get("claim").is_none(), "{json}");
     }
 
     #[test]

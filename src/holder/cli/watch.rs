@@ -135,6 +135,7 @@ mod tests {
             lease_duration_seconds: 15,
             term_duration_seconds: None,
             token,
+            follows: None,
             holder: holder.map(|h| HolderReport {
                 claim: format!("{h}-claim"),
                 identity: h.into(),

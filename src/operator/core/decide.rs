@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::ClaimPhase;
 
+use crate::operator::core::follow::Follow;
 use crate::operator::core::token::{TokenFloor, next_token};
 
 /// A claim as the decision needs it.
@@ -74,6 +75,9 @@ pub enum EndReason {
     LeaseDeleted,
     /// Its claim already says `Revoked`.
     Revoked,
+    /// The lease follows a coordination Lease (`spec.follow`), which names another holder or
+    /// none, or it started following one.
+    Followed,
 }
 
 impl EndReason {
@@ -84,7 +88,8 @@ impl EndReason {
             EndReason::Released
             | EndReason::PodDeleted
             | EndReason::LeaseDeleted
-            | EndReason::Revoked => ClaimPhase::Revoked,
+            | EndReason::Revoked
+            | EndReason::Followed => ClaimPhase::Revoked,
         }
     }
 }
@@ -127,6 +132,9 @@ pub struct Plan {
     pub wake_at: Option<Instant>,
     /// Claim name -> index in `queue` (filled by [`decide`]).
     pub positions: HashMap<String, usize>,
+    /// For a lease that follows a coordination Lease: what it follows and who holds it (see
+    /// [`crate::operator::core::follow`]); claims are never granted then.
+    pub follows: Option<Follow>,
 }
 
 impl Plan {
@@ -193,6 +201,7 @@ pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64
         unfenced: None,
         wake_at: None,
         positions: HashMap::new(),
+        follows: None,
     };
 
     if let Some(uid) = &lease.holder_uid {

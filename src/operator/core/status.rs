@@ -8,6 +8,7 @@ use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHol
 use crate::operator::state::claim::CachedClaim;
 
 use crate::operator::core::decide::{EndReason, Plan, PodPresence};
+use crate::operator::core::follow::{Follow, State as FollowState};
 
 /// The generation a claim status records: none. Every heartbeat changes the claim's spec
 /// (`renewTime`), so recording the generation would cost an operator write per heartbeat; a
@@ -44,7 +45,14 @@ pub fn lease_status(
         next.acquire_time = None;
         next.lease_duration_seconds = None;
     }
-    if let Some(grant) = &plan.grant {
+    let followed = plan.follows.as_ref().and_then(|f| f.holder.clone());
+    if let (Some(grant), Some(holder)) = (&plan.grant, followed) {
+        next.holder = Some(holder);
+        next.fencing_token = grant.token;
+        next.lease_duration_seconds = None;
+        next.acquire_time = Some(MicroTime(now));
+        next.lease_transitions += 1;
+    } else if let Some(grant) = &plan.grant {
         let claim = claims
             .iter()
             .find(|c| c.metadata.uid.as_deref() == Some(grant.uid.as_str()));
@@ -56,6 +64,7 @@ pub fn lease_status(
                 .unwrap_or_default(),
             pod_name: claim.and_then(|c| c.spec.pod_name.clone()),
             pod_uid: term.pod_uid.clone(),
+            lease: None,
         });
         next.fencing_token = grant.token;
         next.lease_duration_seconds = Some(term.duration_seconds);
@@ -66,6 +75,17 @@ pub fn lease_status(
     next.observed_generation = generation;
 
     let held = match (&next.holder, plan.tokens_exhausted, &plan.unfenced) {
+        (Some(h), _, _) if h.lease.is_some() => (
+            "True",
+            "Held",
+            format!(
+                "held by {} (pod {}), the holder of Lease {}, with token {}",
+                h.identity,
+                h.pod_name.as_deref().unwrap_or_default(),
+                h.lease.as_ref().map_or("", |l| l.name.as_str()),
+                next.fencing_token
+            ),
+        ),
         (Some(h), _, _) => (
             "True",
             "Held",
@@ -77,7 +97,10 @@ pub fn lease_status(
             "TokensExhausted",
             "no token is left to issue; see spec.minToken".to_string(),
         ),
-        (None, false, None) => ("False", "Free", "no claim is waiting".to_string()),
+        (None, false, None) => match &plan.follows {
+            Some(follow) => not_followed(follow),
+            None => ("False", "Free", "no claim is waiting".to_string()),
+        },
     };
     set_condition(
         &mut next.conditions,
@@ -104,6 +127,29 @@ pub fn lease_status(
         );
     }
     next
+}
+
+/// The `Held` condition of a following lease that nobody holds: why.
+fn not_followed(follow: &Follow) -> (&'static str, &'static str, String) {
+    let lease = &follow.lease;
+    match &follow.state {
+        FollowState::Missing => (
+            "False",
+            "LeaseNotFound",
+            format!("waiting for Lease {lease} (coordination.k8s.io) to exist: nobody holds it"),
+        ),
+        FollowState::NoPod { identity, sought } => (
+            "False",
+            "HolderPodNotFound",
+            format!(
+                "Lease {lease} is held by {identity:?}, which names no pod of this namespace (sought: {}): nobody holds this lease, and no pod may write what it fences",
+                sought.join(", ")
+            ),
+        ),
+        FollowState::Free | FollowState::Held => {
+            ("False", "Free", format!("Lease {lease} names no holder"))
+        }
+    }
 }
 
 /// What the claim's status should say, given the lease status after the plan.
@@ -185,6 +231,13 @@ fn waiting(
     let position = claim.metadata.name.as_ref().and_then(|n| plan.position(n));
     let shown = position.filter(|p| *p < POSITIONS_SHOWN);
     let queue_position = shown.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
+    if let Some(follow) = &plan.follows {
+        let message = format!(
+            "lease {lease_name} follows Lease {} (coordination.k8s.io): its holder is that Lease's holder, and no claim is granted",
+            follow.lease
+        );
+        return (None, Some(message));
+    }
     let message = match (position, pod, &claim.spec.pod_name) {
         (_, PodPresence::Missing, Some(pod)) => format!("waiting for pod {pod} to exist"),
         (Some(p), _, _) if p < POSITIONS_SHOWN => format!(
@@ -315,6 +368,9 @@ fn ended_message(reason: EndReason, lease: &str) -> String {
         EndReason::PodDeleted => format!("lost lease {lease}: its pod was deleted"),
         EndReason::LeaseDeleted => format!("lost lease {lease}: the lease was deleted"),
         EndReason::Revoked => format!("lost lease {lease}: the claim was revoked"),
+        EndReason::Followed => {
+            format!("lost lease {lease}: it follows a coordination Lease, whose holder holds it")
+        }
     }
 }
 
@@ -384,6 +440,7 @@ mod tests {
             unfenced: None,
             wake_at: None,
             positions: Default::default(),
+            follows: None,
         }
     }
 
@@ -494,6 +551,7 @@ mod tests {
         let p = Plan {
             queue: vec!["a".into(), "b".into()],
             positions: [("a".to_string(), 0), ("b".to_string(), 1)].into(),
+            follows: None,
             wake_at: Some(Instant::now()),
             ..plan()
         };

@@ -8,9 +8,13 @@
 //!    pod is missing from the cache: only the API may say so.
 //! 3. **Expire** the claims whose heartbeat stopped, each made final by a write preconditioned
 //!    on a version that shows the heartbeat last seen (I9), before the lease may move on.
-//! 4. **Read the token record** before the first grant of a lease object: tokens continue
+//! 4. **Read the followed Lease** (a lease with `spec.follow`) before its holder changes: a
+//!    cache that lags the Lease (an operator paused, then resumed) must never hand the lease
+//!    back to a holder the Lease has since replaced. Read after the lease copy decided on, so
+//!    a write preconditioned on that copy carries a decision no older than it.
+//! 5. **Read the token record** before the first grant of a lease object: tokens continue
 //!    above the last one issued under its name (I1).
-//! 5. **Write** the status, or be **done** when it already says so.
+//! 6. **Write** the status, or be **done** when it already says so.
 //!
 //! After each read the reconcile decides again on what it learnt; [`next_step`] is given
 //! what it knows and what the decision said, and names the one thing to do next.
@@ -27,6 +31,8 @@ pub struct Known {
     pub holder_checked: Option<String>,
     /// The token record of the lease's name, once read.
     pub record: Option<i64>,
+    /// The followed Lease was read from the API since the lease copy decided on was.
+    pub followed_read: bool,
 }
 
 /// What this round's decision rests on and says.
@@ -47,6 +53,7 @@ pub enum Step {
     ReadLease,
     ConfirmHolder,
     Expire,
+    ReadFollowed,
     ReadRecord,
     Write,
     Done,
@@ -60,12 +67,17 @@ pub fn next_step(known: &Known, round: &Round) -> Step {
     }
     if let (Some(ended), Some(holder)) = (&plan.ended, &current.holder)
         && matches!(ended.reason, EndReason::Released | EndReason::PodDeleted)
+        && !holder.claim.is_empty()
         && known.holder_checked.as_deref() != Some(holder.claim_uid.as_str())
     {
         return Step::ConfirmHolder;
     }
     if !plan.expire.is_empty() {
         return Step::Expire;
+    }
+    let changes_hands = plan.ended.is_some() || plan.grant.is_some();
+    if plan.follows.is_some() && changes_hands && !known.followed_read {
+        return Step::ReadFollowed;
     }
     if plan.grant.is_some() && current.fencing_token == 0 && known.record.is_none() {
         return Step::ReadRecord;
@@ -92,6 +104,7 @@ mod tests {
                 identity: "pod-a".into(),
                 pod_name: None,
                 pod_uid: None,
+                lease: None,
             }),
             ..Default::default()
         }
@@ -116,6 +129,7 @@ mod tests {
             unfenced: None,
             wake_at: None,
             positions: Default::default(),
+            follows: None,
         }
     }
 
@@ -194,6 +208,49 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(step(&Known::default(), &released, 5, &p), Step::Write);
+    }
+
+    #[test]
+    fn a_followed_lease_is_read_before_its_holder_changes_and_only_then() {
+        let follow = |p: Plan| Plan {
+            follows: Some(crate::operator::core::follow::Follow {
+                lease: "ctrl".into(),
+                state: crate::operator::core::follow::State::Held,
+                holder: None,
+            }),
+            ..p
+        };
+        let none = FencedLeaseStatus::default();
+        let grant = follow(plan(None, true, &[]));
+        assert_eq!(
+            step(&Known::default(), &none, 0, &grant),
+            Step::ReadFollowed
+        );
+        let read = Known {
+            followed_read: true,
+            ..Default::default()
+        };
+        assert_eq!(step(&read, &none, 0, &grant), Step::ReadRecord);
+        let end = follow(plan(Some(EndReason::Followed), false, &[]));
+        assert_eq!(
+            step(&Known::default(), &held(3), 3, &end),
+            Step::ReadFollowed
+        );
+        assert_eq!(step(&read, &held(3), 3, &end), Step::Write);
+        // Nothing changes hands: no read.
+        let keep = follow(plan(None, false, &[]));
+        assert_eq!(step(&Known::default(), &held(3), 3, &keep), Step::Write);
+        // A followed holder (no claim) that ends because the lease stopped following is not
+        // confirmed through a claim: there is none.
+        let mut followed = held(3);
+        if let Some(h) = followed.holder.as_mut() {
+            (h.claim, h.claim_uid) = (String::new(), String::new());
+        }
+        let released = plan(Some(EndReason::Released), true, &[]);
+        assert_eq!(
+            step(&Known::default(), &followed, 3, &released),
+            Step::Write
+        );
     }
 
     #[test]

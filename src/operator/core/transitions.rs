@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelValue;
 
-use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseSpec, FencedLeaseStatus};
+use crate::api::{
+    ClaimPhase, FencedLeaseClaimStatus, FencedLeaseSpec, FencedLeaseStatus, LeaseHolder,
+};
 use crate::operator::core::decide::{EndReason, Plan};
 use crate::operator::names::claim_reference;
 
@@ -43,8 +45,9 @@ pub fn notices(
     plan: &Plan,
 ) -> Vec<Notice> {
     let mut notices = Vec::new();
+    let followed = plan.follows.as_ref().map_or("", |f| f.lease.as_str());
     if let (Some(ended), Some(holder)) = (&plan.ended, &before.holder) {
-        let who = format!("{} (claim {})", holder.identity, holder.claim);
+        let who = who(holder);
         let token = before.fencing_token;
         let (reason, transition, note) = match ended.reason {
             EndReason::Expired => (
@@ -63,6 +66,12 @@ pub fn notices(
             EndReason::PodDeleted => revoked(&who, token, "its pod was deleted"),
             EndReason::LeaseDeleted => revoked(&who, token, "the lease is being deleted"),
             EndReason::Revoked => revoked(&who, token, "its claim was revoked"),
+            EndReason::Followed if holder.lease.is_none() => {
+                revoked(&who, token, "the lease follows a coordination Lease now")
+            }
+            EndReason::Followed => {
+                revoked(&who, token, &format!("Lease {followed} no longer names it"))
+            }
         };
         notices.push(Notice {
             transition: Some(transition),
@@ -70,23 +79,35 @@ pub fn notices(
             reason,
             action: "Hand-over",
             note,
-            claim: Some(claim_reference(ns, &holder.claim, &holder.claim_uid)),
+            claim: claim_of(ns, holder),
             token,
         });
     }
     if let Some(grant) = &plan.grant {
-        let identity = after.holder.as_ref().map_or("", |h| h.identity.as_str());
+        let holder = after.holder.clone().unwrap_or_default();
+        let mut note = format!("granted token {} to {}", grant.token, who(&holder));
+        if holder.lease.is_some() {
+            note.push_str(&format!(", the holder of Lease {followed}"));
+        }
         notices.push(Notice {
             transition: Some(Transition::Granted),
             type_: EventType::Normal,
             reason: "Granted",
             action: "Grant",
-            note: format!(
-                "granted token {} to {identity} (claim {})",
-                grant.token, grant.claim
-            ),
-            claim: Some(claim_reference(ns, &grant.claim, &grant.uid)),
+            note,
+            claim: claim_of(ns, &holder),
             token: grant.token,
+        });
+    }
+    if let Some(note) = newly_without_pod(before, after) {
+        notices.push(Notice {
+            transition: None,
+            type_: EventType::Warning,
+            reason: "HolderPodNotFound",
+            action: "Grant",
+            note,
+            claim: None,
+            token: 0,
         });
     }
     if plan.tokens_exhausted {
@@ -160,6 +181,34 @@ pub fn claim_notices(
     notices
 }
 
+/// A holder as the Events name it: its identity, and its claim (or, holding a followed
+/// Lease, its pod).
+fn who(holder: &LeaseHolder) -> String {
+    match (&holder.lease, holder.pod_name.as_deref()) {
+        (Some(_), Some(pod)) => format!("{} (pod {pod})", holder.identity),
+        _ => format!("{} (claim {})", holder.identity, holder.claim),
+    }
+}
+
+/// The claim an Event about `holder` names, if a claim holds.
+fn claim_of(ns: &str, holder: &LeaseHolder) -> Option<ObjectReference> {
+    (!holder.claim.is_empty()).then(|| claim_reference(ns, &holder.claim, &holder.claim_uid))
+}
+
+/// The `Held` condition's message when it newly says the followed Lease's holder names no pod
+/// (or names another identity that does not), for a Warning Event: once per identity, not
+/// once per reconcile.
+fn newly_without_pod(before: &FencedLeaseStatus, after: &FencedLeaseStatus) -> Option<String> {
+    let held = |s: &FencedLeaseStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Held" && c.reason == "HolderPodNotFound")
+            .map(|c| c.message.clone())
+    };
+    let now = held(after)?;
+    (held(before).as_ref() != Some(&now)).then_some(now)
+}
+
 fn revoked(who: &str, token: i64, why: &str) -> (&'static str, Transition, String) {
     (
         "Revoked",
@@ -171,7 +220,6 @@ fn revoked(who: &str, token: i64, why: &str) -> (&'static str, Transition, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::LeaseHolder;
     use crate::operator::core::decide::{Ended, Grant};
 
     fn holder(claim: &str, identity: &str) -> LeaseHolder {
@@ -181,6 +229,7 @@ mod tests {
             identity: identity.into(),
             pod_name: None,
             pod_uid: None,
+            lease: None,
         }
     }
 
@@ -215,6 +264,7 @@ mod tests {
             unfenced: None,
             wake_at: None,
             positions: Default::default(),
+            follows: None,
         }
     }
 

@@ -100,6 +100,7 @@ mod tests {
             unfenced: None,
             wake_at: None,
             positions,
+            follows: None,
         }
     }
 

@@ -89,7 +89,9 @@ async fn holders_may_believe(
         .lease_duration()
         .max(status.term_duration().unwrap_or_default());
     let mut claims = claims_of(ctx, ns, name);
-    if let Some(holder) = &status.holder
+    // A followed Lease's holder (no claim) is told by its own leader election; a lease
+    // created again under this name continues its tokens from the record.
+    if let Some(holder) = status.holder.as_ref().filter(|h| !h.claim.is_empty())
         && !claims
             .iter()
             .any(|c| c.metadata.uid.as_deref() == Some(holder.claim_uid.as_str()))

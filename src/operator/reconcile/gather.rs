@@ -13,6 +13,7 @@ use super::pods;
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::{ClaimView, PodPresence};
+use crate::operator::core::follow::Followed;
 use crate::operator::core::step::Known;
 use crate::operator::reconcile::expire::Fresh;
 use crate::operator::state::CachedClaim;
@@ -24,6 +25,8 @@ pub(super) struct Reads {
     pub fresh: Fresh,
     /// Pod presence the API confirmed for a claim (by UID), over the cache's.
     pub pods: HashMap<String, PodPresence>,
+    /// The followed Lease as the API had it, over the cache's (`spec.follow`).
+    pub followed: Option<Followed>,
 }
 
 /// A lease's claims as the caches have them when its reconcile begins, with what the decision

@@ -2,7 +2,8 @@
 //! status written, the linearization point; [`finalize`]: a deleted lease; [`claims`]: its
 //! claims' statuses), and what it calls: [`expire`] (an expiry confirmed on a fresh read and
 //! made final, I9), [`pods`] (pod presence and token annotations), [`token_records`] (the
-//! finalizer that keeps tokens growing across deletion of a lease). Apart:
+//! finalizer that keeps tokens growing across deletion of a lease), [`follow`] (the
+//! coordination Lease a lease follows, and the pod its holder is). Apart:
 //! [`missing_lease`] (claims of leases that do not exist), [`orphans`] (token annotations
 //! of leases that are gone) and [`positions`] (waiters' queue positions, written off the
 //! hand-over's path).
@@ -12,6 +13,7 @@ use std::time::Duration;
 pub mod claims;
 pub mod expire;
 pub mod finalize;
+mod follow;
 mod gather;
 pub mod lease;
 mod lookup;

@@ -12,12 +12,14 @@ use tracing::info;
 
 use super::gather::{Gathered, Reads, holder_of, newest_grant};
 use super::pods;
-use super::token_records;
+use super::{follow, token_records};
 use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
+use crate::operator::core::follow::{FollowView, decide_follow};
 use crate::operator::core::status;
 use crate::operator::core::step::{Round, Step, next_step};
+use crate::operator::core::token::TokenFloor;
 use crate::operator::error::{Error, Result, timed};
 use crate::operator::reconcile::expire::{Confirmed, Fresh, Silent, confirm_and_expire};
 use crate::operator::state::CachedClaim;
@@ -59,6 +61,9 @@ pub async fn write_lease_status(
     for _ in 0..MAX_STEPS {
         if std::mem::take(&mut lease_moved) {
             gathered = Gathered::new(ctx, &lease);
+            // Read again after this copy: a read older than it may be older than its holder.
+            reads.known.followed_read = false;
+            reads.followed = None;
         }
         let mut d = decide_round(ctx, &lease, &gathered, &reads, unfenced);
         let round = Round {
@@ -82,6 +87,12 @@ pub async fn write_lease_status(
             }
             Step::ConfirmHolder => confirm_holder(ctx, &ns, &d, &mut reads).await?,
             Step::Expire => expire(ctx, &ns, &name, lease.term(), &d, &mut reads.fresh).await?,
+            Step::ReadFollowed => {
+                if let Some(follow) = &lease.spec.follow {
+                    reads.followed = Some(follow::read(ctx, &ns, &follow.lease).await?);
+                }
+                reads.known.followed_read = true;
+            }
             Step::ReadRecord => {
                 let record = token_records::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
@@ -157,19 +168,10 @@ fn decide_round<'g>(
     let current = lease.status.clone().unwrap_or_default();
     let holder = holder_of(Some(&current));
     let (claims, views) = gathered.overlaid(ctx, reads, &holder);
-    let holder_uid = holder.0;
-    let now = Instant::now();
-    let view = LeaseView {
-        holder_uid,
-        last_token: current.fencing_token,
-        high_water_mark: reads.known.record.unwrap_or(0),
-        min_token: lease.spec.min_token,
-        deleting: lease.metadata.deletion_timestamp.is_some(),
-        unfenced: unfenced.map(String::from),
-        term: lease.term(),
-        duration: lease.spec.lease_duration(),
+    let plan = match &lease.spec.follow {
+        Some(follow) => decide_followed(ctx, lease, &follow.lease, &current, unfenced, reads),
+        None => decide_claims(lease, &current, &views, holder.0, unfenced, reads),
     };
-    let plan = decide(&view, &views, now, Timestamp::now().as_millisecond());
     let granted = plan.grant.as_ref().and_then(|g| {
         claims
             .iter()
@@ -189,6 +191,67 @@ fn decide_round<'g>(
         plan,
         desired,
     }
+}
+
+/// The claims' decision ([`decide`]): who of them holds next.
+fn decide_claims(
+    lease: &FencedLease,
+    current: &FencedLeaseStatus,
+    views: &[ClaimView],
+    holder_uid: Option<String>,
+    unfenced: Option<&str>,
+    reads: &Reads,
+) -> Plan {
+    let view = LeaseView {
+        holder_uid,
+        last_token: current.fencing_token,
+        high_water_mark: reads.known.record.unwrap_or(0),
+        min_token: lease.spec.min_token,
+        deleting: lease.metadata.deletion_timestamp.is_some(),
+        unfenced: unfenced.map(String::from),
+        term: lease.term(),
+        duration: lease.spec.lease_duration(),
+    };
+    decide(
+        &view,
+        views,
+        Instant::now(),
+        Timestamp::now().as_millisecond(),
+    )
+}
+
+/// The decision of a lease that follows coordination Lease `followed` ([`decide_follow`]): on
+/// the Lease as read from the API when this reconcile has read it, else as cached.
+fn decide_followed(
+    ctx: &Context,
+    lease: &FencedLease,
+    followed: &str,
+    current: &FencedLeaseStatus,
+    unfenced: Option<&str>,
+    reads: &Reads,
+) -> Plan {
+    let ns = lease.namespace().unwrap_or_default();
+    let cached;
+    let seen = match &reads.followed {
+        Some(read) => read,
+        None => {
+            cached = follow::cached(ctx, &ns, followed);
+            &cached
+        }
+    };
+    decide_follow(&FollowView {
+        lease: followed,
+        followed: seen,
+        current: current.holder.as_ref(),
+        deleting: lease.metadata.deletion_timestamp.is_some(),
+        unfenced,
+        floor: TokenFloor {
+            last_issued: current.fencing_token,
+            recorded: reads.known.record.unwrap_or(0),
+            min_token: lease.spec.min_token,
+            now_ms: Timestamp::now().as_millisecond(),
+        },
+    })
 }
 
 enum Reread {

@@ -206,6 +206,7 @@ fn context(
         leases: memory.leases.clone(),
         claims: memory.claims.clone(),
         pods: memory.pods.clone(),
+        followed: memory.followed.clone(),
         heartbeats: memory.heartbeats.clone(),
         events,
         metrics,
@@ -294,6 +295,9 @@ async fn run_lease_controller(
 /// a cache stopped first.
 async fn mark_synced(ctx: &Context, memory: &Memory, ready: &AtomicBool) -> bool {
     let started = Instant::now();
+    // Not the coordination Leases': a following lease reads its Lease from the API before its
+    // holder changes, so an unsynced cache costs a read, and a Lease watch the operator may
+    // not make (RBAC not upgraded) stops only the leases that follow one.
     let (leases, claims, pods) = (&memory.leases, &memory.claims, &memory.pods);
     match futures::join!(wait_synced(leases), claims.ready(), pods.ready()) {
         (Ok(()), Ok(()), Ok(())) => {

@@ -1,6 +1,7 @@
 //! Objects with only their metadata: what a deletion carries when all that is known of the
 //! object is who it was (one that no longer decodes, or one a relist no longer lists).
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
@@ -20,6 +21,7 @@ impl Skeleton for FencedLease {
             annotate_holder_pod: true,
             fence_objects: false,
             fence: None,
+            follow: None,
         };
         FencedLease {
             metadata,
@@ -41,6 +43,15 @@ impl Skeleton for FencedLeaseClaim {
             metadata,
             spec,
             status: None,
+        }
+    }
+}
+
+impl Skeleton for Lease {
+    fn skeleton(metadata: ObjectMeta) -> Self {
+        Lease {
+            metadata,
+            spec: None,
         }
     }
 }

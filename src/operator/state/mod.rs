@@ -2,8 +2,9 @@
 //! the heartbeat clock, the wake-up timers, and the marks of its own writes. Nothing here
 //! calls the API; the watches in [`runtime`](super::runtime) fill it.
 //!
-//! - [`cache`]: objects by namespace and name; [`claim`], [`pod`]: claims and pods as cached
-//!   (compact); [`index`]: claims by lease and by pod, pods by annotated lease.
+//! - [`cache`]: objects by namespace and name; [`claim`], [`pod`], [`followed`]: claims, pods
+//!   and coordination Leases as cached (compact); [`index`]: claims by lease and by pod, pods
+//!   by annotated lease, leases by the Lease they follow.
 //! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
 //!   [`wakeups`]: each lease's next reconcile at the latest.
 //! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
@@ -15,6 +16,7 @@
 pub mod cache;
 pub mod claim;
 pub mod failures;
+pub mod followed;
 pub mod heartbeat;
 pub mod index;
 pub mod own_writes;

@@ -54,6 +54,7 @@ where
                 },
                 trigger,
             );
+            index_followers(&memory, event);
             match event {
                 // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
                 watcher::Event::InitDone => {
@@ -64,6 +65,31 @@ where
                 _ => {}
             }
         })
+}
+
+/// Keeps the index of leases by the coordination Lease they follow in step with the watch.
+fn index_followers(memory: &Memory, event: &watcher::Event<FencedLease>) {
+    let follows = |l: &FencedLease| l.spec.follow.iter().map(|f| f.lease.clone()).collect();
+    let id = |l: &FencedLease| (l.namespace().unwrap_or_default(), l.name_any());
+    match event {
+        watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
+            let (ns, name) = id(l);
+            memory.followers.set(&ns, &name, follows(l));
+        }
+        watcher::Event::Delete(l) => {
+            let (ns, name) = id(l);
+            memory.followers.remove(&ns, &name);
+        }
+        watcher::Event::InitDone => {
+            memory
+                .followers
+                .rebuild(memory.leases.state().iter().map(|l| {
+                    let (ns, name) = id(l);
+                    (ns, name, follows(l))
+                }))
+        }
+        watcher::Event::Init => {}
+    }
 }
 
 /// Forgets a deleted lease's metrics, timer and queue positions, and sends what it left behind

@@ -1,8 +1,9 @@
-//! One feed per watch (leases, claims, pods). A feed keeps its caches and indexes in step with
+//! One feed per watch (leases, claims, pods, and the coordination Leases leases follow). A feed keeps its caches and indexes in step with
 //! its watch, and sends on [`Triggers`] what each event asks for: a lease to reconcile, a
 //! sweep of every lease after a (re)list, a claim of a missing lease, an orphaned annotation.
 
 pub mod claim;
+pub mod followed;
 pub mod lease;
 pub mod pod;
 
@@ -24,6 +25,7 @@ use crate::operator::metrics::Metrics;
 use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::orphans::Orphan;
 use crate::operator::state::cache::Writer;
+use crate::operator::state::followed::CachedLease;
 use crate::operator::state::own_writes::{Trigger, fire};
 use crate::operator::state::{
     Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions, Wakeups,
@@ -86,9 +88,15 @@ pub struct Memory {
     pub leases_listed: Arc<AtomicBool>,
     pub claims: Cache<CachedClaim>,
     pub pods: Cache<CachedPod>,
+    /// Coordination Leases (`spec.follow`).
+    pub followed: Cache<CachedLease>,
     pub claims_by_lease: Arc<Index>,
     pub claims_by_pod: Arc<Index>,
     pub pods_by_lease: Arc<Index>,
+    /// FencedLeases by the coordination Lease they follow.
+    pub followers: Arc<Index>,
+    /// Coordination Leases by the pod names their holder identity may stand for.
+    pub followed_by_pod: Arc<Index>,
     pub heartbeats: Arc<Heartbeats>,
     pub written: Arc<OwnWrites>,
     pub wakeups: Arc<Wakeups>,
@@ -100,6 +108,7 @@ pub struct Writers {
     pub leases: reflector::store::Writer<FencedLease>,
     pub claims: Writer<CachedClaim>,
     pub pods: Writer<CachedPod>,
+    pub followed: Writer<CachedLease>,
 }
 
 impl Memory {
@@ -107,14 +116,18 @@ impl Memory {
         let (leases, lease_writer) = reflector::store();
         let (claims, claim_writer) = Cache::new();
         let (pods, pod_writer) = Cache::new();
+        let (followed, followed_writer) = Cache::new();
         let memory = Memory {
             leases,
             leases_listed: Arc::default(),
             claims,
             pods,
+            followed,
             claims_by_lease: Arc::default(),
             claims_by_pod: Arc::default(),
             pods_by_lease: Arc::default(),
+            followers: Arc::default(),
+            followed_by_pod: Arc::default(),
             heartbeats: Arc::default(),
             written: Arc::default(),
             wakeups: Arc::default(),
@@ -124,12 +137,13 @@ impl Memory {
             leases: lease_writer,
             claims: claim_writer,
             pods: pod_writer,
+            followed: followed_writer,
         };
         (memory, writers)
     }
 }
 
-/// Starts the three feeds of `namespaces` (all when empty), until `stop`.
+/// Starts the four feeds of `namespaces` (all when empty), until `stop`.
 #[allow(clippy::too_many_arguments)]
 pub fn start<U>(
     kube: &Kube,
@@ -156,10 +170,12 @@ where
     );
     let claims = claim::feed(kube, ns, unreadable, memory, writers.claims, triggers);
     let pods = pod::feed(kube, ns, memory, writers.pods, triggers);
+    let followed = followed::feed(kube, ns, memory, writers.followed, triggers);
     vec![
         drive("fencedleases", leases, stop.clone()),
         drive("fencedleaseclaims", claims, stop.clone()),
         drive("pods", pods, stop.clone()),
+        drive("leases.coordination.k8s.io", followed, stop.clone()),
     ]
 }
 

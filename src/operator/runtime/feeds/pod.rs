@@ -76,8 +76,9 @@ pub fn feed(
     })
 }
 
-/// Leases a pod event concerns: those it carries a token annotation of, and those whose
-/// claims name it (found by index, not by a scan of every claim).
+/// Leases a pod event concerns: those it carries a token annotation of, those whose claims
+/// name it, and those following a Lease its holder identity may name it by (found by index,
+/// not by a scan of every claim or Lease).
 fn leases_of_pod(memory: &Memory, pod: &CachedPod) -> Vec<ObjectRef<FencedLease>> {
     let (ns, name) = (pod.namespace.as_str(), pod.name.as_str());
     let annotated = pod
@@ -91,5 +92,12 @@ fn leases_of_pod(memory: &Memory, pod: &CachedPod) -> Vec<ObjectRef<FencedLease>
         .filter_map(|claim| memory.claims.get(ns, &claim))
         .filter(|c| c.spec.pod_name.as_deref() == Some(name))
         .map(|c| ObjectRef::new(&c.spec.lease_name).within(ns));
-    annotated.chain(claimed).collect()
+    // Those that follow a coordination Lease whose holder this pod may be.
+    let followed = memory
+        .followed_by_pod
+        .get(ns, name)
+        .into_iter()
+        .flat_map(|lease| memory.followers.get(ns, &lease))
+        .map(|lease| ObjectRef::new(&lease).within(ns));
+    annotated.chain(claimed).chain(followed).collect()
 }
