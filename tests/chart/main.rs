@@ -197,18 +197,20 @@ fn the_chart_renders_the_crds_rbac_and_policies_of_the_repository() {
             [0]["image"],
         format!("{IMAGE}:{version}")
     );
-    // The README's install commands name this version and what the chart installs by default.
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    for command in [
-        format!(
+    // The install commands (README.md; from source, docs/operating.md) name this version and
+    // what the chart installs by default.
+    let read = |doc: &str| std::fs::read_to_string(repo_root().join(doc)).unwrap();
+    let (readme, operating) = (read("README.md"), read("docs/operating.md"));
+    for (doc, text, command) in [
+        ("README.md", &readme, format!(
             "$ helm install fenced-lease oci://ghcr.io/fenced-lease/charts/fenced-lease --version {version} -n fenced-lease --create-namespace\n"
-        ),
-        "$ kubectl -n my-app create rolebinding my-app-fence-holder --clusterrole=fenced-lease-holder ".into(),
-        format!("$ go get github.com/fenced-lease/fenced-lease/go@v{version}\n"),
-        format!("`{IMAGE}:{version}`"),
-        "$ helm install fenced-lease charts/fenced-lease -n fenced-lease --create-namespace".into(),
+        )),
+        ("README.md", &readme, "$ kubectl -n my-app create rolebinding my-app-fence-holder --clusterrole=fenced-lease-holder ".into()),
+        ("README.md", &readme, format!("$ go get github.com/fenced-lease/fenced-lease/go@v{version}\n")),
+        ("docs/operating.md", &operating, format!("oci:target/image/oci:{version} docker://registry.example.com/fenced-lease/fenced-lease-operator:{version}")),
+        ("docs/operating.md", &operating, "$ helm install fenced-lease charts/fenced-lease -n fenced-lease --create-namespace".into()),
     ] {
-        assert!(readme.contains(&command), "README.md lacks {command:?}");
+        assert!(text.contains(&command), "{doc} lacks {command:?}");
     }
     find(&objects, "ClusterRole", "fenced-lease-holder");
 
