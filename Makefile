@@ -3,13 +3,17 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-follow
+.PHONY: help demo demo-follow test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-follow
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 demo: ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL (builds only the control plane and the crate)
 	@hack/deps
 	@hack/demo
+
+demo-follow: ## an unmodified client-go leader election fenced by a FencedLease that follows its Lease: the paused leader's writes refused (under a minute once built)
+	@hack/deps
+	@hack/demo-follow
 
 # The Rust test binaries (Cargo.toml lists each), and those that need no more than the control
 # plane, PostgreSQL and Redis: all but the chart's, which needs Helm.

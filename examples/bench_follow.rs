@@ -9,8 +9,8 @@
 //! operator out of the path: the status naming the new holder written directly (as the admin,
 //! in a namespace the operator does not serve), so that the difference is the operator's part.
 //! Both leases fence labelled ConfigMaps (`spec.fenceObjects`: the one policy binding every
-//! namespace shares), and the probes are dry-run creates of such a ConfigMap, as the old
-//! holder's pod (Pending pods, tokens bound to them, as a pod mounts). Also reported: from the
+//! namespace shares), and the probes are dry-run creates of such a ConfigMap stamped with the
+//! largest token (so that only the identity rule refuses them), as the old holder's pod (Pending pods, tokens bound to them, as a pod mounts). Also reported: from the
 //! same Lease write to the first accepted write of the new holder's pod.
 //!
 //! ```console
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::*;
-use fenced_lease::api::{FencedLease, LEASE_LABEL};
+use fenced_lease::api::{FencedLease, LEASE_LABEL, MAX_TOKEN, TOKEN_ANNOTATION};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
@@ -105,6 +105,11 @@ async fn side(client: &Client, ns: &str, timeout: Duration) -> Res<Side> {
         metadata: ObjectMeta {
             generate_name: Some("probe-".into()),
             labels: Some(BTreeMap::from([(LEASE_LABEL.into(), FENCED.into())])),
+            // The largest token: the token rule never refuses it, so only the identity rule can.
+            annotations: Some(BTreeMap::from([(
+                TOKEN_ANNOTATION.into(),
+                MAX_TOKEN.to_string(),
+            )])),
             ..Default::default()
         },
         ..Default::default()

@@ -117,9 +117,15 @@ async fn valid_lease_is_defaulted_and_shown_with_its_columns() {
     ));
     assert_eq!(
         wide[0],
-        ["NAME", "HOLDER", "TOKEN", "FOLLOWS", "WAITING", "DURATION", "AGE"]
+        [
+            "NAME", "HOLDER", "TOKEN", "FOLLOWS", "WAITING", "DURATION", "AGE"
+        ]
     );
-    assert_eq!(wide[1][3..6], ["", "2", "15"], "a lease that follows nothing");
+    assert_eq!(
+        wide[1][3..6],
+        ["", "2", "15"],
+        "a lease that follows nothing"
+    );
 }
 
 #[tokio::test]
