@@ -10,9 +10,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::api::ClaimPhase;
+use crate::api::{ClaimPhase, LeaseHolder};
 
-use crate::operator::core::follow::Follow;
 use crate::operator::core::token::{TokenFloor, next_token};
 
 /// A claim as the decision needs it.
@@ -92,6 +91,32 @@ impl EndReason {
             | EndReason::Followed => ClaimPhase::Revoked,
         }
     }
+}
+
+/// What the lease's holder is, as the followed Lease says (for the `Held` condition).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FollowState {
+    /// The Lease does not exist.
+    Missing,
+    /// The Lease names no holder.
+    Free,
+    /// The Lease's holder identity names no pod of the namespace: these were sought.
+    NoPod {
+        identity: String,
+        sought: Vec<String>,
+    },
+    /// The Lease's holder is a pod.
+    Held,
+}
+
+/// A following lease's decision, carried by its [`Plan`] (see [`crate::operator::core::follow`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Follow {
+    /// The followed Lease's name.
+    pub lease: String,
+    pub state: FollowState,
+    /// The holder to name in the status when the plan grants.
+    pub holder: Option<LeaseHolder>,
 }
 
 /// The holder that stops holding in this step.

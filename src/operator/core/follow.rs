@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use crate::api::{FollowedTerm, LeaseHolder};
-use crate::operator::core::decide::{EndReason, Ended, Grant, Plan};
+use crate::operator::core::decide::{EndReason, Ended, Follow, FollowState as State, Grant, Plan};
 use crate::operator::core::token::{TokenFloor, next_token};
 
 /// The followed Lease as the decision needs it.
@@ -26,32 +26,6 @@ pub enum Followed {
         /// The pod names sought for the identity.
         sought: Vec<String>,
     },
-}
-
-/// What the lease's holder is, as the followed Lease says (for the `Held` condition).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum State {
-    /// The Lease does not exist.
-    Missing,
-    /// The Lease names no holder.
-    Free,
-    /// The Lease's holder identity names no pod of the namespace: these were sought.
-    NoPod {
-        identity: String,
-        sought: Vec<String>,
-    },
-    /// The Lease's holder is a pod.
-    Held,
-}
-
-/// A following lease's decision, carried by its [`Plan`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Follow {
-    /// The followed Lease's name.
-    pub lease: String,
-    pub state: State,
-    /// The holder to name in the status when the plan grants.
-    pub holder: Option<LeaseHolder>,
 }
 
 /// The lease as a following decision needs it.
@@ -161,6 +135,27 @@ pub fn decide_follow(view: &FollowView) -> Plan {
         None => plan.tokens_exhausted = true,
     }
     plan
+}
+
+/// The `Held` condition of a following lease that nobody holds: why.
+pub fn not_held(follow: &Follow) -> (&'static str, &'static str, String) {
+    let lease = &follow.lease;
+    match &follow.state {
+        State::Missing => (
+            "False",
+            "LeaseNotFound",
+            format!("waiting for Lease {lease} (coordination.k8s.io) to exist: nobody holds it"),
+        ),
+        State::NoPod { identity, sought } => (
+            "False",
+            "HolderPodNotFound",
+            format!(
+                "Lease {lease} is held by {identity:?}, which names no pod of this namespace (sought: {}): nobody holds this lease, and no pod may write what it fences",
+                sought.join(", ")
+            ),
+        ),
+        State::Free | State::Held => ("False", "Free", format!("Lease {lease} names no holder")),
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHol
 use crate::operator::state::claim::CachedClaim;
 
 use crate::operator::core::decide::{EndReason, Plan, PodPresence};
-use crate::operator::core::follow::{Follow, State as FollowState};
+use crate::operator::core::follow;
 
 /// The generation a claim status records: none. Every heartbeat changes the claim's spec
 /// (`renewTime`), so recording the generation would cost an operator write per heartbeat; a
@@ -98,7 +98,7 @@ pub fn lease_status(
             "no token is left to issue; see spec.minToken".to_string(),
         ),
         (None, false, None) => match &plan.follows {
-            Some(follow) => not_followed(follow),
+            Some(follow) => follow::not_held(follow),
             None => ("False", "Free", "no claim is waiting".to_string()),
         },
     };
@@ -127,29 +127,6 @@ pub fn lease_status(
         );
     }
     next
-}
-
-/// The `Held` condition of a following lease that nobody holds: why.
-fn not_followed(follow: &Follow) -> (&'static str, &'static str, String) {
-    let lease = &follow.lease;
-    match &follow.state {
-        FollowState::Missing => (
-            "False",
-            "LeaseNotFound",
-            format!("waiting for Lease {lease} (coordination.k8s.io) to exist: nobody holds it"),
-        ),
-        FollowState::NoPod { identity, sought } => (
-            "False",
-            "HolderPodNotFound",
-            format!(
-                "Lease {lease} is held by {identity:?}, which names no pod of this namespace (sought: {}): nobody holds this lease, and no pod may write what it fences",
-                sought.join(", ")
-            ),
-        ),
-        FollowState::Free | FollowState::Held => {
-            ("False", "Free", format!("Lease {lease} names no holder"))
-        }
-    }
 }
 
 /// What the claim's status should say, given the lease status after the plan.

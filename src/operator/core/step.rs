@@ -213,9 +213,9 @@ mod tests {
     #[test]
     fn a_followed_lease_is_read_before_its_holder_changes_and_only_then() {
         let follow = |p: Plan| Plan {
-            follows: Some(crate::operator::core::follow::Follow {
+            follows: Some(crate::operator::core::decide::Follow {
                 lease: "ctrl".into(),
-                state: crate::operator::core::follow::State::Held,
+                state: crate::operator::core::decide::FollowState::Held,
                 holder: None,
             }),
             ..p
