@@ -7,7 +7,8 @@ use kube::Resource;
 
 use crate::api::{FencedLease, FencedLeaseClaim};
 
-/// Field manager of the operator's server-side applies (claim statuses).
+/// Field manager of the operator's claim status writes (JSON merge patches that name every
+/// field).
 pub const MANAGER: &str = "fenced-lease-operator";
 
 /// A reference to claim `name` (uid `uid`) in namespace `ns`.

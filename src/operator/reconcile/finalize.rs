@@ -58,9 +58,7 @@ pub async fn finalize(
     }
     token_records::remove_finalizer(ctx, api, latest.as_ref().unwrap_or(lease)).await?;
     ctx.metrics.forget_lease(ns, name);
-    if let Some(uid) = lease.metadata.uid.as_deref() {
-        ctx.records_ahead.forget(uid);
-    }
+    token_records::forget_read_ahead(ctx, lease);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(Action::await_change())
 }

@@ -111,9 +111,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
             }
             result => {
                 // Gone before its finalizer: nothing will be granted.
-                if let Some(uid) = lease.metadata.uid.as_deref() {
-                    ctx.records_ahead.forget(uid);
-                }
+                token_records::forget_read_ahead(ctx, &lease);
                 result?;
                 return Ok(Action::await_change());
             }

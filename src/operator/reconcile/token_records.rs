@@ -247,6 +247,14 @@ pub async fn read_ahead(ctx: &Context, lease: &FencedLease) {
     }
 }
 
+/// Forgets the record read ahead for `lease`: it has issued a token (the next one continues
+/// from its status), or it is gone.
+pub fn forget_read_ahead(ctx: &Context, lease: &FencedLease) {
+    if let Some(uid) = lease.metadata.uid.as_deref() {
+        ctx.records_ahead.forget(uid);
+    }
+}
+
 /// The record before lease's first grant: the one read ahead, or else read now.
 pub async fn before_first_grant(ctx: &Context, lease: &FencedLease) -> Result<i64> {
     let ahead = lease

@@ -104,10 +104,8 @@ pub async fn write_lease_status(
             }
             Step::Write => match write(ctx, api, &lease, std::mem::take(&mut d.desired)).await? {
                 Wrote::Lease(w) => {
-                    if w.status.as_ref().is_some_and(|s| s.fencing_token > 0)
-                        && let Some(uid) = w.metadata.uid.as_deref()
-                    {
-                        ctx.records_ahead.forget(uid);
+                    if w.status.as_ref().is_some_and(|s| s.fencing_token > 0) {
+                        token_records::forget_read_ahead(ctx, &w);
                     }
                     let (current, plan, overlaid) = d.into_parts();
                     let claims = overlaid.unwrap_or(gathered.claims);
