@@ -254,18 +254,16 @@ impl Drop for TestNamespace {
                     .output();
             }
         }
-        // Fence bindings are cluster-scoped: the namespace's deletion does not take them.
-        let _ = self
-            .cp
-            .kubectl_cmd()
-            .args([
-                "delete",
-                "validatingadmissionpolicybindings",
-                "-l",
-                &format!("fencing.dev/lease-namespace={}", self.name),
-                "--wait=false",
-            ])
-            .output();
+        // The kubeconfigs written for this namespace's ServiceAccounts and pods (their tokens).
+        let prefix = format!("{}-", self.name);
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) && name.ends_with(".kubeconfig") {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
         let _ = self
             .cp
             .kubectl_cmd()
