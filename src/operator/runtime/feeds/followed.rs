@@ -13,6 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::{Memory, Triggers, index_event, last_known, reconcile};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
+use crate::operator::names::lease_key;
 use crate::operator::runtime::merge;
 use crate::operator::state::cache::{Cache, Writer, map_event};
 use crate::operator::state::followed::CachedLease;
@@ -57,18 +58,18 @@ pub fn feed(
             event,
             CachedLease::holder_pods,
         );
-        match (event, changed) {
-            (watcher::Event::InitDone, _) => {
-                let _ = triggers.sweeps.try_send(());
-            }
-            (_, Some(lease)) => fire(reconcile(&triggers, followers(&memory, lease))),
-            _ => {}
-        }
+        let leases = match (event, changed) {
+            // A (re)list: every lease that follows a Lease (not every lease: a sweep).
+            (watcher::Event::InitDone, _) => all_followers(&memory),
+            (_, Some(lease)) => followers(&memory, lease),
+            _ => return,
+        };
+        fire(reconcile(&triggers, leases));
     })
 }
 
 /// The Lease of an event that changes who holds it (a new holder, a new count of
-/// transitions, a new object, a deletion), as the cache has it before the event.
+/// transitions, a new object, a deletion): the cache showed it otherwise before the event.
 fn changed_holder<'e>(
     cache: &Cache<CachedLease>,
     event: &'e watcher::Event<CachedLease>,
@@ -79,9 +80,16 @@ fn changed_holder<'e>(
             (before.as_deref() != Some(lease)).then_some(lease)
         }
         watcher::Event::Delete(lease) => Some(lease),
-        // A (re)list: the sweep that follows it reconciles every lease.
+        // A (re)list: its end reconciles every lease that follows one.
         watcher::Event::InitApply(_) | watcher::Event::Init | watcher::Event::InitDone => None,
     }
+}
+
+/// Every FencedLease that follows a Lease.
+fn all_followers(memory: &Memory) -> Vec<ObjectRef<FencedLease>> {
+    let state = memory.leases.state();
+    let following = state.iter().filter(|l| l.spec.follow.is_some());
+    following.map(|l| lease_key(l)).collect()
 }
 
 /// The FencedLeases that follow `lease`.
