@@ -135,7 +135,7 @@ pub struct Grant {
 }
 
 /// What to do with a lease now.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     /// The current holder stops holding.
     pub ended: Option<Ended>,
@@ -216,18 +216,7 @@ fn holder_verdict(
 /// next token (see [`crate::operator::core::token`]). Tokens only come from [`next_token`] over the lease's
 /// last token and recorded high-water mark, so they grow per lease name, never repeat (I1).
 pub fn decide(lease: &LeaseView, claims: &[ClaimView], now: Instant, now_ms: i64) -> Plan {
-    let mut plan = Plan {
-        ended: None,
-        grant: None,
-        holder_uid: None,
-        queue: Vec::new(),
-        expire: Vec::new(),
-        tokens_exhausted: false,
-        unfenced: None,
-        wake_at: None,
-        positions: HashMap::new(),
-        follows: None,
-    };
+    let mut plan = Plan::default();
 
     if let Some(uid) = &lease.holder_uid {
         let holder = claims.iter().find(|c| &c.uid == uid);

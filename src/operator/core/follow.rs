@@ -6,8 +6,6 @@
 //! A holder that names no pod is not guessed at: nobody holds then, so no pod may write what
 //! the lease fences (fail closed), and the condition says which identity and pods were sought.
 
-use std::collections::HashMap;
-
 use crate::api::{FollowedTerm, LeaseHolder};
 use crate::operator::core::decide::{EndReason, Ended, Follow, FollowState as State, Grant, Plan};
 use crate::operator::core::token::{TokenFloor, next_token};
@@ -86,20 +84,12 @@ fn state(followed: &Followed) -> State {
 pub fn decide_follow(view: &FollowView) -> Plan {
     let wanted = wanted(view.followed).filter(|_| !view.deleting);
     let mut plan = Plan {
-        ended: None,
-        grant: None,
-        holder_uid: None,
-        queue: Vec::new(),
-        expire: Vec::new(),
-        tokens_exhausted: false,
-        unfenced: None,
-        wake_at: None,
-        positions: HashMap::new(),
         follows: Some(Follow {
             lease: view.lease.to_owned(),
             state: state(view.followed),
             holder: None,
         }),
+        ..Plan::default()
     };
     if view.current.is_some() && view.current == wanted.as_ref() {
         return plan;
