@@ -698,7 +698,8 @@ async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override
 /// to create and read FencedLeases is refused a lease fencing ConfigMaps (the message names
 /// `configmaps`); once allowed to write ConfigMaps, the same user creates it. No one, the
 /// admin included, may fence coordination.k8s.io Leases (leader elections) or Events: 422
-/// naming `spec.fence.resources`.
+/// naming `spec.fence.resources`. A lease following a coordination Lease (`spec.follow`) is
+/// refused until its author may `get` that Lease.
 #[tokio::test]
 async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_events() {
     let ns = TestNamespace::new("sec-author").await;
@@ -790,6 +791,44 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
     .unwrap_or_else(|last| {
         panic!("tenant, now allowed to write ConfigMaps, cannot fence them: {last}")
     });
+
+    // Following a coordination Lease reveals its holder: only an author who may read it.
+    let following = json!({"follow": {"lease": "ctrl"}});
+    let created = create_lease_as(&tenant, &ns.name, "follower", following.clone()).await;
+    match refusal(&created) {
+        Some((code, message)) => assert!(
+            code == 403 && message.contains("may not get Lease ctrl"),
+            "tenant's lease following Lease ctrl was refused, but not for want of get: {code} {message}"
+        ),
+        None => panic!(
+            "tenant, who may not read Leases, created a lease following one: {}",
+            describe(&created)
+        ),
+    }
+    grant(
+        &ns,
+        "lease-reader",
+        "tenant",
+        r#"
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["get"]
+"#,
+    );
+    wait_allowed(
+        &tenant,
+        &ns.name,
+        "get",
+        "coordination.k8s.io",
+        "leases",
+        None,
+    )
+    .await;
+    accepted_within(WAIT, || {
+        create_lease_as(&tenant, &ns.name, "follower", following.clone())
+    })
+    .await
+    .unwrap_or_else(|last| panic!("tenant, now allowed to get Leases, cannot follow one: {last}"));
 }
 
 // ---- 5 ----
