@@ -95,6 +95,7 @@ impl History {
                 term: Some(2),
                 waiting: 1,
                 pod: holder.map(|h| format!("pod-of-{h}")),
+                follows: None,
             },
         )
     }
@@ -262,21 +263,31 @@ fn grants_are_counted_by_kind_of_holder() {
     h.holds("holder-0.0", "a", "a-1", 100, 10, 100)
         .holds("go-3.0", "a", "a-2", 101, 200, 300)
         .holds("golock-4.0", "a", "a-3", 102, 400, 500)
-        .holds("golock-4.0", "a", "a-4", 103, 600, 700);
+        .holds("golock-4.0", "a", "a-4", 103, 600, 700)
+        .at(
+            800,
+            "follow-5.0",
+            Event::Acquired {
+                lease: "a".into(),
+                claim: "follow-5.0@1".into(),
+                token: 104,
+            },
+        );
     let report = h.check();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert_eq!(
         (
             report.acquired_library,
             report.acquired_go,
-            report.acquired_go_lock
+            report.acquired_go_lock,
+            report.acquired_follow
         ),
-        (1, 1, 2)
+        (1, 1, 2, 1)
     );
     let table = report.to_string();
-    assert!(table.contains("1 / 0 / 3"), "{table}");
+    assert!(table.contains("1 / 0 / 4"), "{table}");
     assert!(
-        table.contains("Go: package lease / lock (elector)"),
+        table.contains("Go: lease / lock / follow           1 / 2 / 1"),
         "{table}"
     );
 }
@@ -982,4 +993,144 @@ fn an_invalid_fence_accepted_is_caught() {
     h.at(700, "nemesis", edit(true, true));
     let message = only(&h.check(), Kind::InvalidFenceAccepted);
     assert!(message.contains("operator \"in\""), "{message}");
+}
+
+impl History {
+    /// Lease `a` as the watch saw it while it followed Lease `a-election`: `holder` is the
+    /// client-go leader (identity, the Lease's transitions, its pod), or nobody.
+    fn followed(
+        &mut self,
+        ms: u64,
+        rv: u64,
+        holder: Option<(&str, i64, &str)>,
+        token: i64,
+    ) -> &mut Self {
+        self.at(
+            ms,
+            "observer",
+            Event::LeaseState {
+                lease: "a".into(),
+                uid: "uid-1".into(),
+                rv,
+                holder: holder.map(|(id, n, _)| format!("{id}@{n}")),
+                identity: holder.map(|(id, _, _)| id.into()),
+                token,
+                term: Some(3),
+                waiting: 0,
+                pod: holder.map(|(_, _, pod)| pod.into()),
+                follows: holder.map(|_| "a-election".into()),
+            },
+        )
+    }
+
+    fn learns(&mut self, ms: u64, p: &str, claim: &str, token: i64) -> &mut Self {
+        self.at(
+            ms,
+            p,
+            Event::Acquired {
+                lease: "a".into(),
+                claim: claim.into(),
+                token,
+            },
+        )
+    }
+}
+
+/// Two client-go leaders of the Lease lease `a` follows: P (pod u0, token 100), then Q (pod
+/// u1, token 101) from 1 000 ms, who releases at 2 000 ms; P, paused meanwhile, takes the
+/// Lease back without its elector stopping, and the status names it again at 2 300 ms
+/// (token 102), which P learns at 2 320 ms.
+fn a_leader_paused_across_terms() -> History {
+    let mut h = History::default();
+    h.spawned(0, "follow-0.0", "u0")
+        .spawned(0, "follow-1.0", "u1")
+        .followed(0, 10, Some(("follow-0.0", 1, "u0")), 100)
+        .learns(20, "follow-0.0", "follow-0.0@1", 100)
+        .workload(500, "follow-0.0", "w0", 100, accepted("w0"))
+        .followed(1_000, 12, Some(("follow-1.0", 2, "u1")), 101)
+        .learns(1_010, "follow-1.0", "follow-1.0@2", 101)
+        .workload(1_100, "follow-1.0", "w1", 101, accepted("w1"))
+        .followed(2_000, 14, None, 101)
+        .followed(2_300, 16, Some(("follow-0.0", 3, "u0")), 102)
+        .learns(2_320, "follow-0.0", "follow-0.0@3", 102);
+    h
+}
+
+/// A followed Lease's leader writes the token it last learned, asking nothing: its write sent
+/// with the old term's token just before the status named its pod again is its pod's write,
+/// rightly accepted (counted, not judged). One sent after it learned the new token, or while
+/// the other leader held, is a stale write.
+#[test]
+fn a_followed_leaders_write_across_its_own_terms_is_told_from_a_stale_one() {
+    let mut h = a_leader_paused_across_terms();
+    h.workload(2_290, "follow-0.0", "w2", 100, accepted("w2"));
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.identity.renamed, 1);
+    assert_eq!(report.acquired_follow, 3);
+    assert!(
+        report.to_string().contains(
+            "1 sent with a followed term's token by a pod the followed Lease named again"
+        ),
+        "{report}"
+    );
+
+    // Sent after its process had learned token 102: not excused.
+    let mut h = a_leader_paused_across_terms();
+    h.workload(2_400, "follow-0.0", "w2", 100, accepted("w2"));
+    let message = only(&h.check(), Kind::StaleWriter);
+    assert!(
+        message.contains("accepted write w2 of follow-0.0 (pod UID u0; it held token 100)")
+            && message.contains("holder follow-1.0@2"),
+        "{message}"
+    );
+
+    // Accepted while the other leader held: the identity rule failed.
+    let mut h = a_leader_paused_across_terms();
+    h.workload(1_500, "follow-0.0", "w2", 100, accepted("w2"));
+    only(&h.check(), Kind::StaleWriter);
+    // Refused, as it must be: counted.
+    let mut h = a_leader_paused_across_terms();
+    h.workload(1_500, "follow-0.0", "w2", 100, refused_by_identity("w2"));
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.identity.stale_refused, 1);
+    assert_eq!(
+        (
+            report.identity.follower_answered,
+            report.identity.follower_stale_refused
+        ),
+        (3, 1)
+    );
+}
+
+/// A holder that panics is restarted by the runner as if it had left: the checker says so.
+#[test]
+fn a_process_that_panicked_is_caught() {
+    let exited = |h: &mut History, process: &str, status: &str| {
+        h.at(
+            900,
+            "runner",
+            Event::Exited {
+                process: process.into(),
+                status: status.into(),
+            },
+        );
+    };
+    let mut h = clean();
+    exited(&mut h, "follow-15.0", "exit status: 2");
+    let message = only(&h.check(), Kind::ProcessCrashed);
+    assert!(message.contains("follow-15.0 exited at"), "{message}");
+    let mut h = clean();
+    exited(&mut h, "op-1.3", "exit status: 101");
+    only(&h.check(), Kind::ProcessCrashed);
+
+    // Leaving, being killed, and `kubectl fence run` passing its CMD's status on are not.
+    let mut h = clean();
+    exited(&mut h, "golock-4.1", "exit status: 1");
+    exited(&mut h, "holder-0.1", "signal: 9 (SIGKILL)");
+    exited(&mut h, "cli-2.0", "exit status: 2");
+    exited(&mut h, "op-0.0", "exit status: 1");
+    let report = h.check();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }

@@ -15,7 +15,10 @@
 //   - lease (the default): package lease, lease.Acquire and the Lease it returns;
 //   - lock: package lock, as controller-runtime's manager uses it: client-go's
 //     leaderelection elector on a lock.Lock, the token from the Lock (its TokenSource), one
-//     Lock for the process and a new elector for each term; see lockmode.go.
+//     Lock for the process and a new elector for each term; see lockmode.go;
+//   - follow (with -follow=NAME): client-go's elector on coordination Lease NAME, which the
+//     run's FencedLease follows; no fenced-lease code decides when it writes; see
+//     followmode.go.
 package main
 
 import (
@@ -91,23 +94,28 @@ func (s settings) rng() *rand.Rand {
 }
 
 func main() {
-	mode := flag.String("mode", "lease", "how the lease is held: lease (package lease) or lock (package lock, with client-go's elector)")
+	mode := flag.String("mode", "lease", "how the lease is held: lease (package lease), lock (package lock, with client-go's elector) or follow (client-go's elector on the Lease the FencedLease follows)")
+	followed := flag.String("follow", "", "with -mode=follow: the coordination Lease to elect on, which the FencedLease JEPSEN_LEASE follows")
 	flag.Parse()
 	s, err := fromEnv()
-	if err == nil && *mode != "lease" && *mode != "lock" {
-		err = fmt.Errorf("-mode %q: lease or lock", *mode)
+	switch {
+	case err != nil:
+	case *mode != "lease" && *mode != "lock" && *mode != "follow":
+		err = fmt.Errorf("-mode %q: lease, lock or follow", *mode)
+	case (*mode == "follow") != (*followed != ""):
+		err = fmt.Errorf("-follow names the Lease of -mode=follow, and only of it")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "jepsenholder:", err)
 		os.Exit(2)
 	}
-	if err := run(s, *mode); err != nil {
+	if err := run(s, *mode, *followed); err != nil {
 		fmt.Fprintln(os.Stderr, "jepsenholder:", err)
 		os.Exit(1)
 	}
 }
 
-func run(s settings, mode string) error {
+func run(s settings, mode, followed string) error {
 	rec, err := newRecorder(filepath.Join(s.runDir, s.process+".jsonl"), s.process)
 	if err != nil {
 		return err
@@ -132,9 +140,13 @@ func run(s settings, mode string) error {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	h := &holder{s: s, rec: rec, res: res, rng: s.rng()}
-	if mode == "lock" {
+	h := &holder{s: s, rec: rec, res: res, rng: s.rng(), rounds: rounds}
+	switch mode {
+	case "lock":
 		return h.runLock(ctx, config)
+	case "follow":
+		h.rounds = followRounds
+		return h.runFollow(ctx, config, followed)
 	}
 	c, err := lease.NewClient(config)
 	if err != nil {
@@ -152,6 +164,8 @@ type holder struct {
 	rec *recorder
 	res *resources
 	rng *rand.Rand
+	// rounds: the resources a zombie writes its old token to.
+	rounds []resource
 }
 
 // tokens is what a holder asks before it writes: a Lease, or a Lock.
@@ -340,7 +354,7 @@ func (h *holder) zombie(ctx context.Context, token int64) {
 		if state, ok := h.res.leaseMovedOn(ctx, h.s.lease, token); ok {
 			h.rec.record(state)
 			sleep(ctx, h.between(100, 600))
-			for _, r := range rounds {
+			for _, r := range h.rounds {
 				h.res.write(h.rec, r, h.s.lease, token)
 			}
 			return

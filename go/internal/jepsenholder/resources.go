@@ -27,15 +27,16 @@ import (
 // writeTimeout is the longest wait for one write's answer; past it the outcome is unknown.
 const writeTimeout = 5 * time.Second
 
-// resource is a fenced resource as the suite's history.rs names it. The Go holder writes the
-// three that order writes by token; the workload fenced by kind (identity alone) is the Rust
-// holders' and kubectl fence's.
+// resource is a fenced resource as the suite's history.rs names it. The Go holders write the
+// three that order writes by token; the follow holder (followmode.go) also writes the workload
+// its lease fences by kind (identity alone), as the Rust holders and kubectl fence's do.
 type resource string
 
 const (
 	kubeObject  resource = "kube"
 	postgresRow resource = "postgres"
 	redisKey    resource = "redis"
+	workload    resource = "workload"
 )
 
 // rounds is the order the holder writes in, round after round.
@@ -89,9 +90,12 @@ func (r *resources) close() {
 	}
 }
 
-// key names what a write of res for lease changes.
-func (r *resources) key(res resource, lease string) string {
+// key names what write n, of res for lease, changes.
+func (r *resources) key(res resource, lease string, n uint64) string {
 	switch res {
+	case workload:
+		key, _, _ := workloadPatch(lease, "", n)
+		return key
 	case kubeObject:
 		return "jepsen-" + lease
 	case redisKey:
@@ -103,13 +107,18 @@ func (r *resources) key(res resource, lease string) string {
 // write writes token to res for lease, recording the attempt and its outcome. Reports
 // whether a fence refused it.
 func (r *resources) write(rec *recorder, res resource, lease string, token int64) bool {
-	id := fmt.Sprintf("%s#%d", r.process, r.writes)
+	n := r.writes
+	id := fmt.Sprintf("%s#%d", r.process, n)
 	r.writes++
-	key := r.key(res, lease)
-	rec.record(event{"ev": "write-attempt", "id": id, "resource": string(res), "key": key, "lease": lease, "token": token})
+	key := r.key(res, lease, n)
+	attempt := event{"ev": "write-attempt", "id": id, "resource": string(res), "key": key, "lease": lease, "token": token}
+	if res == workload {
+		attempt["how"] = "merge (client-go)"
+	}
+	rec.record(attempt)
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	seq, err := r.send(ctx, res, key, lease, token, id)
+	seq, err := r.send(ctx, res, key, lease, token, id, n)
 	t := monotonic()
 	var fenced *fence.Fenced
 	var notHolder *fence.NotHolder
@@ -132,8 +141,13 @@ func (r *resources) write(rec *recorder, res resource, lease string, token int64
 }
 
 // send makes one write; seq is the resource's own order of it when the answer carries one.
-func (r *resources) send(ctx context.Context, res resource, key, lease string, token int64, id string) (seq *uint64, err error) {
+func (r *resources) send(ctx context.Context, res resource, key, lease string, token int64, id string, n uint64) (seq *uint64, err error) {
 	switch res {
+	case workload:
+		if err := r.patchWorkload(ctx, lease, id, n); err != nil {
+			return nil, fence.FromAPIError(err)
+		}
+		return nil, nil
 	case kubeObject:
 		patch := fence.StampPatch(lease, token)
 		patch["data"] = map[string]any{"write": id}
@@ -183,7 +197,7 @@ func (r *resources) leaseMovedOn(ctx context.Context, name string, token int64) 
 	if err := r.api.Get(ctx, client.ObjectKey{Namespace: r.namespace, Name: name}, &l); err != nil {
 		return nil, false
 	}
-	if l.Status.FencingToken <= token {
+	if l.Status == nil || l.Status.FencingToken <= token {
 		return nil, false
 	}
 	rv, _ := strconv.ParseUint(l.ResourceVersion, 10, 64)
@@ -193,7 +207,10 @@ func (r *resources) leaseMovedOn(ctx context.Context, name string, token int64) 
 		"term": l.Status.LeaseDurationSeconds, "waiting": l.Status.Waiting,
 	}
 	if h := l.Status.Holder; h != nil {
-		state["holder"], state["identity"] = h.Claim, h.Identity
+		state["holder"], state["identity"] = claimOf(h), h.Identity
+		if h.Lease != nil {
+			state["follows"] = h.Lease.Name
+		}
 		if h.PodUID != nil {
 			state["pod"] = *h.PodUID
 		}

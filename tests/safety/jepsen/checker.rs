@@ -20,7 +20,8 @@
 //!   in the resource's log, or one reported accepted does not;
 //! - **stale-writer**: the apiserver accepted a write to what a lease fences from a pod that
 //!   no longer held the lease, sent at least [`Config::identity_allowance`] after the history
-//!   shows the lease had moved on (I11; the rule in [`crate::stale`]);
+//!   shows the lease had moved on (I11; the rule in [`crate::stale`]); for the leaders of a
+//!   followed Lease too, who write while client-go says they lead and ask nothing else;
 //! - **liveness**: a holder killed (or cut off) while another process waited is followed by a
 //!   grant of its lease within the term + [`Config::liveness_bound`] (I3), when no other fault
 //!   overlaps;
@@ -35,7 +36,10 @@
 //!   policy` (the apiserver cannot resolve a policy's params kind yet, kubernetes#124237)
 //!   from the start of a restart of the apiserver or etcd to [`RESTART_GRACE`] after its end;
 //! - **invalid-fence-accepted**: the apiserver accepted an edit of a lease's `spec.fence` that
-//!   the schema must refuse (I8, I12; the nemesis's `invalid-fence` fault).
+//!   the schema must refuse (I8, I12; the nemesis's `invalid-fence` fault);
+//! - **process-crashed**: an operator replica or a holder process exited as a panic does
+//!   (Rust: status 101; Go: 2), which the runner would otherwise just restart (`kubectl
+//!   fence run` is not judged: it passes on its CMD's status).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -94,10 +98,11 @@ pub enum Kind {
     Liveness,
     Collateral,
     InvalidFenceAccepted,
+    ProcessCrashed,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::TokenIssuedTwice,
         Kind::GrantOrder,
         Kind::OverlappingHolders,
@@ -110,6 +115,7 @@ impl Kind {
         Kind::Liveness,
         Kind::Collateral,
         Kind::InvalidFenceAccepted,
+        Kind::ProcessCrashed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -126,6 +132,7 @@ impl Kind {
             Kind::Liveness => "liveness",
             Kind::Collateral => "collateral-refusal",
             Kind::InvalidFenceAccepted => "invalid-fence-accepted",
+            Kind::ProcessCrashed => "process-crashed",
         }
     }
 }
@@ -188,12 +195,14 @@ pub struct Report {
     pub start: u64,
     pub end: u64,
     pub acquire_attempts: usize,
-    /// Grants to the Rust library's holders, `kubectl fence`'s and the Go library's: through
-    /// package lease (`go-`), and through package lock and client-go's elector (`golock-`).
+    /// Grants to the Rust library's holders, `kubectl fence`'s and the Go ones: through
+    /// package lease (`go-`), through package lock and client-go's elector (`golock-`), and
+    /// to client-go leaders of the Lease a FencedLease follows (`follow-`).
     pub acquired_library: usize,
     pub acquired_cli: usize,
     pub acquired_go: usize,
     pub acquired_go_lock: usize,
+    pub acquired_follow: usize,
     pub releases: usize,
     pub losses: usize,
     pub token_ok: usize,
@@ -281,13 +290,16 @@ impl fmt::Display for Report {
                 "{} / {} / {}",
                 self.acquired_library,
                 self.acquired_cli,
-                self.acquired_go + self.acquired_go_lock
+                self.acquired_go + self.acquired_go_lock + self.acquired_follow
             ),
         )?;
         row(
             f,
-            "  Go: package lease / lock (elector)",
-            format!("{} / {}", self.acquired_go, self.acquired_go_lock),
+            "  Go: lease / lock / follow",
+            format!(
+                "{} / {} / {}",
+                self.acquired_go, self.acquired_go_lock, self.acquired_follow
+            ),
         )?;
         row(
             f,
@@ -341,8 +353,10 @@ impl fmt::Display for Report {
         let id = &self.identity;
         writeln!(
             f,
-            "identity fence (I11): {} answered writes of pods to what a lease fences; sent after the writer's hold had ended: {} refused, {} accepted within the {} allowance (the latest sent {} after the lease had moved on); {} writes of holders refused (the cache behind a grant); {} in a lease's deletion, not judged; {} lease states whose holder named no pod",
+            "identity fence (I11): {} answered writes of pods to what a lease fences ({} of a followed Lease's client-go leaders, {} of them stale and refused); sent after the writer's hold had ended: {} refused, {} accepted within the {} allowance (the latest sent {} after the lease had moved on); {} writes of holders refused (the cache behind a grant); {} in a lease's deletion, not judged; {} sent with a followed term's token by a pod the followed Lease named again, not judged; {} lease states whose holder named no pod",
             id.answered,
+            id.follower_answered,
+            id.follower_stale_refused,
             id.stale_refused,
             id.stale_accepted,
             millis(i64::try_from(self.identity_allowance).unwrap_or(i64::MAX)),
@@ -351,6 +365,7 @@ impl fmt::Display for Report {
             )),
             id.holder_refused,
             id.excused,
+            id.renamed,
             id.holders_without_pod,
         )?;
         writeln!(
@@ -411,6 +426,7 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
     liveness(&entries, config, &mut report);
     collateral(&entries, &mut report);
     fence_edits(&entries, &mut report);
+    crashes(&entries, &mut report);
     report.violations.sort_by_key(|v| v.at);
     // The margin expiry leaves.
     report.closest_handover = report.handovers.iter().map(|(gap, _)| *gap).min();
@@ -445,6 +461,7 @@ fn count(entries: &[&Entry], r: &mut Report) {
             }
             Event::Acquired { .. } if e.p.starts_with("go-") => r.acquired_go += 1,
             Event::Acquired { .. } if e.p.starts_with("golock-") => r.acquired_go_lock += 1,
+            Event::Acquired { .. } if e.p.starts_with("follow-") => r.acquired_follow += 1,
             Event::Acquired { .. } => r.acquired_library += 1,
             Event::CmdStarted { .. } => r.acquired_cli += 1,
             Event::Released { .. } => r.releases += 1,
@@ -1262,5 +1279,37 @@ fn fence_edits(entries: &[&Entry], r: &mut Report) {
                 None => {}
             }
         }
+    }
+}
+
+/// process-crashed: an operator replica or a holder process that exited as a panic does.
+fn crashes(entries: &[&Entry], r: &mut Report) {
+    for e in entries {
+        let Event::Exited { process, status } = &e.ev else {
+            continue;
+        };
+        let panicked = match status.as_str() {
+            "exit status: 101" => "a Rust panic",
+            "exit status: 2"
+                if process.starts_with("go-")
+                    || process.starts_with("golock-")
+                    || process.starts_with("follow-") =>
+            {
+                "a Go panic"
+            }
+            _ => continue,
+        };
+        if process.starts_with("cli-") {
+            continue;
+        }
+        r.violations.push(Violation {
+            claims: vec![],
+            kind: Kind::ProcessCrashed,
+            at: e.t,
+            message: format!(
+                "{process} exited at {} with {status}, as {panicked} does (its log is in the run's directory)",
+                secs(r.start, e.t)
+            ),
+        });
     }
 }

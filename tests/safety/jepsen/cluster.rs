@@ -3,8 +3,10 @@
 //! PostgreSQL table and its log, two operator replicas (leader election on, each behind its
 //! own loopback proxy so that it alone can be cut off), the holder processes (restarted when
 //! they die, as a Deployment would, each as a pod of its own), and the observer that records
-//! every state of the leases and of the fenced objects a watch delivers. Besides, lease `d`,
-//! which nobody claims, and the collateral writer ([`crate::collateral`]).
+//! every state of the leases and of the fenced objects a watch delivers. Lease `f`
+//! ([`FOLLOWING`]) is held another way: it follows coordination Lease [`FOLLOWED`], which
+//! client-go leaders elect on (`jepsenholder -mode=follow`). Besides, lease `d`, which nobody
+//! claims, and the collateral writer ([`crate::collateral`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +29,7 @@ use crate::common::proxy::Proxy;
 use crate::common::{TestNamespace, control_plane};
 use crate::history::{Event, LogEntry, Recorder, Resource, Target};
 use crate::pods::Pods;
-use crate::worker::{Settings, lease_state};
+use crate::worker::{Settings, holder_claim, lease_state};
 use crate::workload;
 use crate::writes::{config_map_name, pg_table, redis_key};
 use fenced_lease::api::{FencedLease, LEASE_LABEL, TOKEN_ANNOTATION};
@@ -37,8 +39,13 @@ pub const LEADER_LEASE: &str = "fenced-lease-operator";
 /// Seconds a standby waits after the leader's last renewal (the operator's minimum).
 pub const LEADER_LEASE_SECONDS: u64 = 3;
 
-/// The leases of a run: name and usual duration (s).
-pub const LEASES: [(&str, i32); 3] = [("a", 1), ("b", 2), ("c", 3)];
+/// The leases of a run: name and usual duration (s; of [`FOLLOWING`], client-go's
+/// `LeaseDuration` on [`FOLLOWED`]).
+pub const LEASES: [(&str, i32); 4] = [("a", 1), ("b", 2), ("c", 3), (FOLLOWING, 3)];
+/// The lease that follows coordination Lease [`FOLLOWED`] (`spec.follow`): nobody claims it;
+/// its holders are [`FOLLOW_HOLDERS`] client-go leaders of that Lease.
+pub const FOLLOWING: &str = "f";
+pub const FOLLOWED: &str = "f-election";
 /// Holder processes per lease: the Rust library's, `kubectl fence run`'s, and the Go library's
 /// (`go/internal/jepsenholder`): one through package lease, one through package lock with
 /// client-go's elector (`-mode=lock`, as controller-runtime's manager holds it).
@@ -46,6 +53,9 @@ pub const LIBRARY_HOLDERS: usize = 2;
 pub const CLI_HOLDERS: usize = 1;
 pub const GO_HOLDERS: usize = 1;
 pub const GO_LOCK_HOLDERS: usize = 1;
+/// Holder processes of [`FOLLOWING`]: the Go holder in `-mode=follow`, each electing with
+/// client-go's own `leaderelection` on [`FOLLOWED`], its pod's name as identity.
+pub const FOLLOW_HOLDERS: usize = 2;
 
 /// One operator replica: a process behind its own proxy, restarted when it exits (a replica
 /// that loses leadership exits) unless a fault keeps it down.
@@ -124,6 +134,9 @@ pub enum Kind {
     /// The Go library's holder in `-mode=lock`: as `Go`, holding the lease through package
     /// lock (a `resourcelock.Interface`) and client-go's `leaderelection` elector.
     GoLock,
+    /// The Go holder in `-mode=follow`: a client-go leader of [`FOLLOWED`], which writes
+    /// (the workload too) while client-go says it leads, asking nothing else.
+    Follow,
 }
 
 /// One holder slot: a process (re)started for one lease, again and again.
@@ -280,11 +293,16 @@ impl Cluster {
             cluster.replicas.push(replica);
         }
         for (lease, _) in LEASES {
-            let slots = (0..LIBRARY_HOLDERS)
-                .map(|_| Kind::Library)
-                .chain((0..CLI_HOLDERS).map(|_| Kind::Cli))
-                .chain((0..GO_HOLDERS).map(|_| Kind::Go))
-                .chain((0..GO_LOCK_HOLDERS).map(|_| Kind::GoLock));
+            let slots: Vec<Kind> = if lease == FOLLOWING {
+                vec![Kind::Follow; FOLLOW_HOLDERS]
+            } else {
+                (0..LIBRARY_HOLDERS)
+                    .map(|_| Kind::Library)
+                    .chain((0..CLI_HOLDERS).map(|_| Kind::Cli))
+                    .chain((0..GO_HOLDERS).map(|_| Kind::Go))
+                    .chain((0..GO_LOCK_HOLDERS).map(|_| Kind::GoLock))
+                    .collect()
+            };
             for kind in slots {
                 let n = cluster.slots.len();
                 let name = match kind {
@@ -292,9 +310,10 @@ impl Cluster {
                     Kind::Cli => format!("cli-{n}"),
                     Kind::Go => format!("go-{n}"),
                     Kind::GoLock => format!("golock-{n}"),
+                    Kind::Follow => format!("follow-{n}"),
                 };
                 let proxy = match kind {
-                    Kind::Library | Kind::Go | Kind::GoLock => {
+                    Kind::Library | Kind::Go | Kind::GoLock | Kind::Follow => {
                         Some(Proxy::start(&cluster.ns).await)
                     }
                     Kind::Cli => None,
@@ -410,6 +429,11 @@ impl Cluster {
                         cmd.arg("-mode=lock");
                         cmd
                     }
+                    Kind::Follow => {
+                        let mut cmd = tokio::process::Command::new(&go_holder);
+                        cmd.args(["-mode=follow", &format!("-follow={FOLLOWED}")]);
+                        cmd
+                    }
                     Kind::Cli => {
                         let mut cmd = tokio::process::Command::new(&kubectl_fence);
                         cmd.args([
@@ -487,17 +511,24 @@ impl Cluster {
                         if let Some(h) = &status.holder
                             && last.get(&name) != Some(&now)
                         {
+                            // A followed Lease's candidates wait in client-go, not as
+                            // claims: the other leader-to-be is always there.
+                            let waiting = if lease.spec.follow.is_some() {
+                                1
+                            } else {
+                                status.waiting
+                            };
                             let _ = grants.send(Grant {
                                 target: Target {
                                     process: h.identity.clone(),
                                     lease: name.clone(),
-                                    claim: h.claim.clone(),
+                                    claim: holder_claim(h),
                                     token: status.fencing_token,
                                     term: status
                                         .lease_duration_seconds
                                         .unwrap_or(lease.spec.lease_duration_seconds),
                                 },
-                                waiting: status.waiting,
+                                waiting,
                             });
                         }
                         last.insert(name, now);
@@ -805,16 +836,20 @@ pub fn all_leases() -> Vec<(&'static str, i32)> {
 }
 
 /// Creates (or re-creates) lease `name` with `duration`, fencing the objects labelled with it
-/// and its kind ([`fence_of`]).
+/// and its kind ([`fence_of`]); [`FOLLOWING`] follows [`FOLLOWED`].
 pub async fn create_lease(ns: &TestNamespace, name: &str, duration: i32) {
+    let mut spec = serde_json::json!({
+        "leaseDurationSeconds": duration,
+        "fenceObjects": true,
+        "fence": fence_of(name),
+    });
+    if name == FOLLOWING {
+        spec["follow"] = serde_json::json!({"lease": FOLLOWED});
+    }
     let lease: FencedLease = serde_json::from_value(serde_json::json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
         "metadata": {"name": name},
-        "spec": {
-            "leaseDurationSeconds": duration,
-            "fenceObjects": true,
-            "fence": fence_of(name),
-        },
+        "spec": spec,
     }))
     .expect("lease object");
     let api = ns.api::<FencedLease>();

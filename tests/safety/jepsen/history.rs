@@ -284,6 +284,10 @@ pub enum Event {
         /// The holder's pod UID (`status.holder.podUid`): the pod the identity rule lets write.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pod: Option<String>,
+        /// For a lease that follows a coordination Lease: that Lease, whose holder this is
+        /// (`holder` is then `<identity>@<leaseTransitions>`: a followed holder has no claim).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        follows: Option<String>,
     },
     LeaseGone {
         lease: String,

@@ -1,9 +1,11 @@
 //! A Jepsen-style safety suite: holders (the Rust library, `kubectl fence run` around a small
 //! writer, and the Go library: `go/internal/jepsenholder`, through package lease and through
-//! package lock with client-go's elector), each process a pod of its own,
-//! contend on short leases. They write their tokens to a Kubernetes object, a PostgreSQL row
-//! and a Redis key, and (all but the Go holders) write unstamped — status, scale, patches,
-//! deletes, through the client and plain `kubectl` — to a workload their lease fences by kind,
+//! package lock with client-go's elector), each process a pod of its own, contend on short
+//! leases; and client-go leaders of a coordination Lease that lease `f` follows
+//! (`jepsenholder -mode=follow`) write while client-go says they lead. They write their tokens
+//! to a Kubernetes object, a PostgreSQL row and a Redis key, and (all but the Go library's
+//! holders) write unstamped — status, scale, patches, deletes, through the client and plain
+//! `kubectl` — to a workload their lease fences by kind,
 //! which only the writer's pod identity fences (I11). Meanwhile a nemesis pauses and kills
 //! holders, kills, pauses and partitions the operator replicas, restarts the apiserver and
 //! etcd, deletes and re-creates leases (once with their finalizer stripped) and the operator's

@@ -30,6 +30,27 @@ pub struct Pace {
     pub spread: f64,
 }
 
+/// Which holders a fault may aim at, by the process names the runner gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pick {
+    /// `kubectl fence run`.
+    Cli,
+    /// Any other: the Rust and Go libraries, and the followed Lease's client-go leaders.
+    NotCli,
+    /// A client-go leader of the followed Lease.
+    Follow,
+}
+
+impl Pick {
+    fn admits(self, process: &str) -> bool {
+        match self {
+            Pick::Cli => process.starts_with("cli-"),
+            Pick::NotCli => !process.starts_with("cli-"),
+            Pick::Follow => process.starts_with("follow-"),
+        }
+    }
+}
+
 pub struct Nemesis<'a> {
     pub cluster: &'a Cluster,
     pub rec: Recorder,
@@ -98,13 +119,14 @@ impl Nemesis<'_> {
     }
 
     /// A lease whose holder is a live holder process of ours (waiting for one, up to 15 s);
-    /// with `want_waiter`, one with a waiting claim behind it if there is such; with `cli`,
-    /// one held by `kubectl fence run` (true) or the library (false) if there is such.
+    /// with `want_waiter`, one with a waiting claim behind it (or another candidate of a
+    /// followed Lease) if there is such.
     async fn held(&mut self, want_waiter: bool) -> Option<Target> {
         self.held_by(want_waiter, None).await
     }
 
-    async fn held_by(&mut self, want_waiter: bool, cli: Option<bool>) -> Option<Target> {
+    /// [`Self::held`], held by the kind of holder `pick` admits if there is such.
+    async fn held_by(&mut self, want_waiter: bool, pick: Option<Pick>) -> Option<Target> {
         // Best: a holder just granted, so that the fault lands in the middle of its hold.
         let mut grants = self.cluster.grants.subscribe();
         let fresh = tokio::time::timeout(Duration::from_secs(8), async {
@@ -112,8 +134,7 @@ impl Nemesis<'_> {
                 match grants.recv().await {
                     Ok(g)
                         if self.cluster.slot_of(&g.target.process).is_some()
-                            && cli
-                                .is_none_or(|cli| cli == g.target.process.starts_with("cli-"))
+                            && pick.is_none_or(|p| p.admits(&g.target.process))
                             && (!want_waiter || g.waiting > 0) =>
                     {
                         return Some(g.target);
@@ -154,7 +175,7 @@ impl Nemesis<'_> {
                             .lease_duration_seconds
                             .unwrap_or(lease.spec.lease_duration_seconds),
                     };
-                    let kind_ok = cli.is_none_or(|cli| cli == target.process.starts_with("cli-"));
+                    let kind_ok = pick.is_none_or(|p| p.admits(&target.process));
                     if kind_ok && (!want_waiter || status.waiting > 0) {
                         preferred.push(target);
                     } else {
@@ -176,9 +197,15 @@ impl Nemesis<'_> {
 
     async fn pause_holder(&mut self) {
         let kind = FaultKind::PauseHolder;
-        // Half the time `kubectl fence` itself: its CMD writes on while it is frozen.
-        let cli = self.rng.random_bool(0.5);
-        let Some(target) = self.held_by(true, Some(cli)).await else {
+        // Two times in five `kubectl fence` itself (its CMD writes on while it is frozen), one
+        // in five a client-go leader of the followed Lease (it writes on when it wakes, until
+        // its elector notices).
+        let pick = match self.rng.random_range(0..5) {
+            0 | 1 => Pick::Cli,
+            2 | 3 => Pick::NotCli,
+            _ => Pick::Follow,
+        };
+        let Some(target) = self.held_by(true, Some(pick)).await else {
             self.start(kind, "no holder found to pause".into(), None);
             self.end(kind, String::new());
             return;
@@ -207,7 +234,7 @@ impl Nemesis<'_> {
     /// after the operator's expiry — the hand-over I9 leaves a margin for.
     async fn partition_holder(&mut self) {
         let kind = FaultKind::PartitionHolder;
-        let target = self.held_by(true, Some(false)).await;
+        let target = self.held_by(true, Some(Pick::NotCli)).await;
         let slot = target
             .as_ref()
             .and_then(|t| self.cluster.slot_of(&t.process))

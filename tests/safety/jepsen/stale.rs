@@ -18,7 +18,12 @@
 //! So a write accepted although sent at least the allowance after that sign is a violation.
 //! Not judged: writes that may have met a lease being deleted and created again (the fence
 //! goes with the lease, and is back at the new lease's first grant), from the deletion's start
-//! until the allowance after that grant.
+//! until the allowance after that grant; and a followed Lease's leader's writes sent with its
+//! term's token before its process learned that the status named its pod again, in a newer
+//! term, no later than the allowance after the answer. client-go may lead on across terms of
+//! the FencedLease (a leader paused while another took the Lease and released it takes it back
+//! without its elector stopping; the Lease or the FencedLease created again), and such a
+//! leader writes whatever token it last learned: the identity rule rightly lets its pod write.
 //!
 //! Measured, for the summary: stale writes accepted within the allowance, and how late the
 //! latest of them was sent after the sign — a lower bound of the window the cache left open
@@ -46,6 +51,13 @@ pub struct Identity {
     pub holder_refused: usize,
     /// Not judged: in the window of a lease's deletion.
     pub excused: usize,
+    /// Of the answered writes and the stale ones refused: those of the client-go leaders of a
+    /// followed Lease (`follow-` processes), which ask nothing before they write.
+    pub follower_answered: usize,
+    pub follower_stale_refused: usize,
+    /// Not judged: sent by a followed Lease's leader with an older term's token, accepted
+    /// when the status named its pod again (see the module's header).
+    pub renamed: usize,
     /// Lease states with a holder that names no pod (the identity rule then lets no pod write).
     pub holders_without_pod: usize,
 }
@@ -57,6 +69,9 @@ struct Sign<'a> {
     held: bool,
     /// The lease object (a lease status), or `None` (a holder's grant).
     uid: Option<&'a str>,
+    /// The holder's pod, and whether it holds a followed Lease (a lease status).
+    pod: Option<&'a str>,
+    follows: bool,
     what: String,
 }
 
@@ -84,6 +99,8 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
     let mut writes: Vec<Write<'_>> = vec![];
     let mut by_id: HashMap<&str, usize> = HashMap::new();
     let mut open: HashMap<FaultKind, (&str, u64)> = HashMap::new();
+    // Per (process, lease): the grants it learned of, (when, token).
+    let mut learned: HashMap<(&str, &str), Vec<(u64, i64)>> = HashMap::new();
     for e in entries {
         match &e.ev {
             Event::Spawned {
@@ -100,6 +117,7 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
                 token,
                 pod,
                 rv,
+                follows,
                 ..
             } => {
                 if holder.is_some() && pod.is_none() {
@@ -110,6 +128,8 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
                     token: *token,
                     held: holder.is_some(),
                     uid: Some(uid),
+                    pod: pod.as_deref(),
+                    follows: follows.is_some(),
                     what: format!(
                         "{} saw its status at resourceVersion {rv}: token {token}, {}",
                         e.p,
@@ -120,11 +140,17 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
                 });
             }
             Event::Acquired { lease, token, .. } | Event::CmdStarted { lease, token, .. } => {
+                learned
+                    .entry((e.p.as_str(), lease.as_str()))
+                    .or_default()
+                    .push((e.t, *token));
                 signs.entry(lease).or_default().push(Sign {
                     t: e.t,
                     token: *token,
                     held: true,
                     uid: None,
+                    pod: pods.get(e.p.as_str()).copied(),
+                    follows: false,
                     what: format!("{} was granted token {token}", e.p),
                 });
             }
@@ -186,6 +212,8 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
             continue;
         };
         r.identity.answered += 1;
+        let follower = w.process.starts_with("follow-");
+        r.identity.follower_answered += usize::from(follower);
         let lease_signs = signs.get(w.lease).map_or(&[][..], Vec::as_slice);
         let lease_deletions = deletions.get(w.lease).map_or(&[][..], Vec::as_slice);
         // Inside a deletion window: from its start to the allowance after the first grant
@@ -213,9 +241,12 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
         let late = w.sent - sign.t;
         if !accepted {
             r.identity.stale_refused += 1;
+            r.identity.follower_stale_refused += usize::from(follower);
         } else if late < allowance {
             r.identity.stale_accepted += 1;
             r.identity.latest_accepted = r.identity.latest_accepted.max(Some(late));
+        } else if renamed(lease_signs, &learned, w, sign, at.saturating_add(allowance)) {
+            r.identity.renamed += 1;
         } else {
             // The first grant of a lease created again: its fence binding comes after it.
             let recreated = sign.held
@@ -253,6 +284,35 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
             });
         }
     }
+}
+
+/// Was `w` a followed Lease's leader's write, sent before its process learned of a newer grant
+/// to its pod that the status showed (after `moved`, the first sign the lease moved on) by
+/// `by`?
+fn renamed(
+    signs: &[Sign<'_>],
+    learned: &HashMap<(&str, &str), Vec<(u64, i64)>>,
+    w: &Write<'_>,
+    moved: &Sign<'_>,
+    by: u64,
+) -> bool {
+    signs
+        .iter()
+        .filter(|s| {
+            s.follows
+                && s.held
+                && s.pod == Some(w.pod)
+                && s.token > w.token
+                && s.t >= moved.t
+                && s.t <= by
+        })
+        .any(|g| {
+            !learned.get(&(w.process, w.lease)).is_some_and(|grants| {
+                grants
+                    .iter()
+                    .any(|&(t, token)| token >= g.token && t <= w.sent)
+            })
+        })
 }
 
 /// The first sign that the lease moved on from `token`: a higher token, or no holder on the

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fenced_lease::api::FencedLease;
+use fenced_lease::api::{FencedLease, LeaseHolder};
 use fenced_lease::holder::{AcquireOptions, LeaseHandle, LostReason, acquire};
 use kube::api::Api;
 use rand::rngs::StdRng;
@@ -482,11 +482,27 @@ pub fn lease_state(lease: &FencedLease) -> Event {
             .as_deref()
             .and_then(|rv| rv.parse().ok())
             .unwrap_or(0),
-        holder: status.holder.as_ref().map(|h| h.claim.clone()),
+        holder: status.holder.as_ref().map(holder_claim),
         identity: status.holder.as_ref().map(|h| h.identity.clone()),
         token: status.fencing_token,
         term: status.lease_duration_seconds,
         waiting: status.waiting,
         pod: status.holder.as_ref().and_then(|h| h.pod_uid.clone()),
+        follows: status
+            .holder
+            .as_ref()
+            .and_then(|h| h.lease.as_ref().map(|l| l.name.clone())),
+    }
+}
+
+/// A holder as the history names it: its claim, or for the holder of a followed Lease (no
+/// claim) `<identity>@<leaseTransitions>`, a name per term of that Lease (the Go holder's
+/// `claimOf` spells it the same way).
+pub fn holder_claim(holder: &LeaseHolder) -> String {
+    match &holder.lease {
+        Some(term) if holder.claim.is_empty() => {
+            format!("{}@{}", holder.identity, term.lease_transitions)
+        }
+        _ => holder.claim.clone(),
     }
 }

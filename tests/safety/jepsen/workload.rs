@@ -6,7 +6,8 @@
 //!
 //! Each lease fences one workload kind of the run's namespace as a whole (`spec.fence` with no
 //! selector, since a `scale` carries no labels): lease `a` Deployments, `b` StatefulSets, `c`
-//! ReplicaSets. No controller acts on them (the control plane runs none), so their replicas
+//! ReplicaSets, `f` DaemonSets (written by its client-go leaders, `go/internal/jepsenholder`
+//! in `-mode=follow`; a DaemonSet has no scale). No controller acts on them (the control plane runs none), so their replicas
 //! are numbers only. The object `jepsen-<lease>` always exists; `jepsen-<lease>-scratch` is
 //! deleted and created again.
 
@@ -34,6 +35,10 @@ pub fn kind_of(lease: &str) -> Kind {
         "b" => Kind {
             kind: "StatefulSet",
             plural: "statefulsets",
+        },
+        "f" => Kind {
+            kind: "DaemonSet",
+            plural: "daemonsets",
         },
         _ => Kind {
             kind: "ReplicaSet",
@@ -70,7 +75,8 @@ pub fn api(client: kube::Client, namespace: &str, lease: &str) -> Api<DynamicObj
 }
 
 /// What the writers' pods may do to the workloads (besides holding leases and writing the
-/// labelled ConfigMaps), and to Secrets (the collateral writer's, [`crate::collateral`]).
+/// labelled ConfigMaps), to Secrets (the collateral writer's, [`crate::collateral`]), and to
+/// coordination Leases (the elections of lease `f`'s client-go leaders).
 pub const ROLE: &str = r#"
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -79,8 +85,11 @@ rules:
   - apiGroups: ["apps"]
     resources: ["deployments", "statefulsets", "replicasets", "deployments/status",
                 "statefulsets/status", "replicasets/status", "deployments/scale",
-                "statefulsets/scale", "replicasets/scale"]
+                "statefulsets/scale", "replicasets/scale", "daemonsets", "daemonsets/status"]
     verbs: ["*"]
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["get", "create", "update"]
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["*"]
@@ -97,8 +106,14 @@ pub fn manifest(lease: &str, name: &str) -> serde_json::Value {
             "spec": {"containers": [{"name": "main", "image": "example.invalid/jepsen:1"}]},
         },
     });
-    if kind.kind == "StatefulSet" {
-        spec["serviceName"] = json!(name);
+    match kind.kind {
+        "StatefulSet" => spec["serviceName"] = json!(name),
+        "DaemonSet" => {
+            spec.as_object_mut()
+                .expect("a spec object")
+                .remove("replicas");
+        }
+        _ => {}
     }
     json!({
         "apiVersion": "apps/v1",
