@@ -1,24 +1,15 @@
-//! The status the operator wants on a lease and on each of its claims after a [`Plan`]:
-//! pure functions, so "repair from the lease status" is the same code as "write a grant".
+//! The status the operator wants on a lease after a [`Plan`] (its claims':
+//! [`claim_status`](super::claim_status)): pure functions, so "repair from the lease status" is
+//! the same code as "write a grant".
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ClaimPhase, FencedLeaseClaimStatus, FencedLeaseStatus, LeaseHolder};
+use crate::api::{FencedLeaseStatus, LeaseHolder};
 use crate::operator::state::claim::CachedClaim;
 
-use crate::operator::core::decide::{EndReason, Plan, PodPresence};
+use crate::operator::core::decide::Plan;
 use crate::operator::core::follow;
-
-/// The generation a claim status records: none. Every heartbeat changes the claim's spec
-/// (`renewTime`), so recording the generation would cost an operator write per heartbeat; a
-/// heartbeat must cost one write, the holder's own.
-pub const CLAIM_GENERATION: Option<i64> = None;
-
-/// Queue positions shown on the first claims of a queue only: every hand-over moves every
-/// position, and a lease with thousands of waiters must not cost thousands of claim writes
-/// per hand-over. Claims further back say so in their message.
-pub const POSITIONS_SHOWN: usize = 100;
 
 /// What a grant fixes for its whole term, besides the token.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -129,228 +120,6 @@ pub fn lease_status(
     next
 }
 
-/// What the claim's status should say, given the lease status after the plan.
-pub fn claim_status(
-    claim: &CachedClaim,
-    lease_name: &str,
-    lease: &FencedLeaseStatus,
-    plan: &Plan,
-    pod: PodPresence,
-    now: Timestamp,
-) -> FencedLeaseClaimStatus {
-    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let current = claim.full_status();
-    let mut next = FencedLeaseClaimStatus {
-        observed_generation: CLAIM_GENERATION,
-        conditions: current.conditions.clone(),
-        ..Default::default()
-    };
-    let holder = lease.holder.as_ref().is_some_and(|h| h.claim_uid == uid);
-    let ended = plan
-        .ended
-        .as_ref()
-        .filter(|e| e.uid == uid)
-        .map(|e| e.reason);
-
-    if holder {
-        next.phase = Some(ClaimPhase::Granted);
-        next.fencing_token = Some(lease.fencing_token);
-        next.grant_time = match (current.fencing_token, current.grant_time) {
-            (Some(t), Some(time)) if t == lease.fencing_token => Some(time),
-            _ => lease.acquire_time.clone(),
-        };
-        next.lease_duration_seconds = lease.lease_duration_seconds;
-        next.message = Some(format!(
-            "holds lease {lease_name} with fencing token {}",
-            lease.fencing_token
-        ));
-    } else if let Some(reason) = ended {
-        next.phase = Some(reason.claim_phase());
-        keep_record(&mut next, &current);
-        next.message = Some(ended_message(reason, lease_name));
-    } else if matches!(
-        current.phase,
-        Some(ClaimPhase::Expired | ClaimPhase::Revoked)
-    ) {
-        return FencedLeaseClaimStatus {
-            observed_generation: CLAIM_GENERATION,
-            ..current
-        };
-    } else if current.phase == Some(ClaimPhase::Granted) {
-        next.phase = Some(ClaimPhase::Revoked);
-        keep_record(&mut next, &current);
-        next.message = Some(format!(
-            "no longer holds lease {lease_name}: the lease status names another holder"
-        ));
-    } else {
-        next.phase = Some(ClaimPhase::Pending);
-        (next.queue_position, next.message) = waiting(claim, lease_name, plan, pod);
-    }
-
-    found_conditions(&mut next.conditions, claim, pod, now);
-    next
-}
-
-/// A claim that held the lease keeps the record of its hold: its token, grant time and term.
-fn keep_record(next: &mut FencedLeaseClaimStatus, current: &FencedLeaseClaimStatus) {
-    next.fencing_token = current.fencing_token;
-    next.grant_time = current.grant_time.clone();
-    next.lease_duration_seconds = current.lease_duration_seconds;
-}
-
-/// A waiting claim's queue position (shown for the first [`POSITIONS_SHOWN`]) and message.
-fn waiting(
-    claim: &CachedClaim,
-    lease_name: &str,
-    plan: &Plan,
-    pod: PodPresence,
-) -> (Option<i32>, Option<String>) {
-    let position = claim.metadata.name.as_ref().and_then(|n| plan.position(n));
-    let shown = position.filter(|p| *p < POSITIONS_SHOWN);
-    let queue_position = shown.map(|p| i32::try_from(p + 1).unwrap_or(i32::MAX));
-    if let Some(follow) = &plan.follows {
-        let message = format!(
-            "lease {lease_name} follows Lease {} (coordination.k8s.io): its holder is that Lease's holder, and no claim is granted",
-            follow.lease
-        );
-        return (None, Some(message));
-    }
-    let message = match (position, pod, &claim.spec.pod_name) {
-        (_, PodPresence::Missing, Some(pod)) => format!("waiting for pod {pod} to exist"),
-        (Some(p), _, _) if p < POSITIONS_SHOWN => format!(
-            "waiting for lease {lease_name}: position {} in the queue",
-            p + 1
-        ),
-        (Some(_), _, _) => beyond_shown(lease_name),
-        (None, _, _) => format!("waiting for lease {lease_name}"),
-    };
-    (queue_position, Some(message))
-}
-
-/// The message of a claim waiting further back than the positions shown.
-pub fn beyond_shown(lease_name: &str) -> String {
-    format!("waiting for lease {lease_name}: more than {POSITIONS_SHOWN} claims ahead")
-}
-
-/// Conditions `LeaseFound` (true: the lease reconciler writes it) and, for a claim that names
-/// a pod, `PodFound`.
-fn found_conditions(
-    conditions: &mut Vec<Condition>,
-    claim: &CachedClaim,
-    pod: PodPresence,
-    now: Timestamp,
-) {
-    set_condition(
-        conditions,
-        "LeaseFound",
-        "True",
-        "Found",
-        "",
-        CLAIM_GENERATION,
-        now,
-    );
-    if let Some(pod_name) = &claim.spec.pod_name {
-        let (status, reason, message) = match pod {
-            PodPresence::Missing => (
-                "False",
-                "PodNotFound",
-                format!("pod {pod_name} does not exist"),
-            ),
-            _ => ("True", "Found", String::new()),
-        };
-        set_condition(
-            conditions,
-            "PodFound",
-            status,
-            reason,
-            &message,
-            CLAIM_GENERATION,
-            now,
-        );
-    }
-}
-
-/// The status of a claim of lease `ns/lease`, which does not exist: a waiting claim waits
-/// for it (and holds no token); one that held it is `Revoked`; a final one stays as it is.
-/// Condition `LeaseFound` says so either way.
-pub fn without_lease(
-    current: &FencedLeaseClaimStatus,
-    lease: &str,
-    ns: &str,
-    now: Timestamp,
-) -> FencedLeaseClaimStatus {
-    let waits =
-        format!("FencedLease {lease} does not exist in namespace {ns}; the claim waits for it");
-    let (phase, message) = match current.phase {
-        Some(p @ (ClaimPhase::Expired | ClaimPhase::Revoked)) => {
-            (p, current.message.clone().unwrap_or(waits))
-        }
-        Some(ClaimPhase::Granted) => (
-            ClaimPhase::Revoked,
-            format!("lost lease {lease}: FencedLease {lease} no longer exists in namespace {ns}"),
-        ),
-        _ => (ClaimPhase::Pending, waits),
-    };
-    let mut desired = FencedLeaseClaimStatus {
-        phase: Some(phase),
-        message: Some(message.clone()),
-        conditions: current.conditions.clone(),
-        observed_generation: CLAIM_GENERATION,
-        ..Default::default()
-    };
-    if phase != ClaimPhase::Pending {
-        keep_record(&mut desired, current);
-    }
-    set_condition(
-        &mut desired.conditions,
-        "LeaseFound",
-        "False",
-        "LeaseNotFound",
-        &message,
-        CLAIM_GENERATION,
-        now,
-    );
-    desired
-}
-
-/// The status of a claim whose heartbeat stopped, confirmed: `Expired`, for good. A holder
-/// keeps its token and grant time in the record; a waiter loses its place.
-pub fn expired_status(
-    current: FencedLeaseClaimStatus,
-    lease_name: &str,
-    holder: bool,
-) -> FencedLeaseClaimStatus {
-    let message = if holder {
-        ended_message(EndReason::Expired, lease_name)
-    } else {
-        format!(
-            "gave up waiting for lease {lease_name}: no heartbeat (spec.renewTime) seen for the lease duration; create a new claim to queue again"
-        )
-    };
-    FencedLeaseClaimStatus {
-        phase: Some(ClaimPhase::Expired),
-        message: Some(message),
-        queue_position: None,
-        observed_generation: CLAIM_GENERATION,
-        ..current
-    }
-}
-
-fn ended_message(reason: EndReason, lease: &str) -> String {
-    match reason {
-        EndReason::Expired => {
-            format!("lost lease {lease}: no heartbeat (spec.renewTime) seen for the lease duration")
-        }
-        EndReason::Released => format!("released lease {lease}"),
-        EndReason::PodDeleted => format!("lost lease {lease}: its pod was deleted"),
-        EndReason::LeaseDeleted => format!("lost lease {lease}: the lease was deleted"),
-        EndReason::Revoked => format!("lost lease {lease}: the claim was revoked"),
-        EndReason::Followed => {
-            format!("lost lease {lease}: it follows a coordination Lease, whose holder holds it")
-        }
-    }
-}
-
 /// Sets condition `type_`, keeping its transition time when its status does not change.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
@@ -381,14 +150,14 @@ pub fn set_condition(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Instant;
-
+pub(crate) mod tests {
     use super::*;
-    use crate::api::{FencedLeaseClaim, FencedLeaseClaimSpec};
-    use crate::operator::core::decide::{Ended, Grant};
+    use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimSpec, FencedLeaseClaimStatus};
+    use crate::operator::core::claim_status::claim_status;
+    use crate::operator::core::decide::{EndReason, Ended, Grant, PodPresence};
 
-    fn claim(name: &str, phase: Option<ClaimPhase>) -> CachedClaim {
+    /// Claim `name` of lease `l`, in `phase`, naming no pod.
+    pub(crate) fn claim(name: &str, phase: Option<ClaimPhase>) -> CachedClaim {
         let mut c = FencedLeaseClaim::new(
             name,
             FencedLeaseClaimSpec {
@@ -406,21 +175,6 @@ mod tests {
         c.into()
     }
 
-    fn plan() -> Plan {
-        Plan {
-            ended: None,
-            grant: None,
-            holder_uid: None,
-            queue: vec![],
-            expire: vec![],
-            tokens_exhausted: false,
-            unfenced: None,
-            wake_at: None,
-            positions: Default::default(),
-            follows: None,
-        }
-    }
-
     #[test]
     fn grant_sets_holder_token_and_transitions() {
         let a = claim("a", Some(ClaimPhase::Pending));
@@ -431,7 +185,7 @@ mod tests {
                 token: 7,
             }),
             queue: vec!["b".into()],
-            ..plan()
+            ..Plan::default()
         };
         let s = lease_status(
             &FencedLeaseStatus {
@@ -487,7 +241,7 @@ mod tests {
                 uid: "uid-a".into(),
                 reason: EndReason::Expired,
             }),
-            ..plan()
+            ..Plan::default()
         };
         let s = lease_status(
             &FencedLeaseStatus {
@@ -523,64 +277,6 @@ mod tests {
     }
 
     #[test]
-    fn waiting_claim_shows_its_position_and_a_missing_pod() {
-        let mut b = claim("b", None);
-        let p = Plan {
-            queue: vec!["a".into(), "b".into()],
-            positions: [("a".to_string(), 0), ("b".to_string(), 1)].into(),
-            follows: None,
-            wake_at: Some(Instant::now()),
-            ..plan()
-        };
-        let cs = claim_status(
-            &b,
-            "l",
-            &FencedLeaseStatus::default(),
-            &p,
-            PodPresence::NotNamed,
-            Timestamp::UNIX_EPOCH,
-        );
-        assert_eq!(
-            (cs.phase, cs.queue_position),
-            (Some(ClaimPhase::Pending), Some(2))
-        );
-
-        b.spec.pod_name = Some("gone".into());
-        let cs = claim_status(
-            &b,
-            "l",
-            &FencedLeaseStatus::default(),
-            &plan(),
-            PodPresence::Missing,
-            Timestamp::UNIX_EPOCH,
-        );
-        assert_eq!(cs.message.as_deref(), Some("waiting for pod gone to exist"));
-        let pod_found = cs
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "PodFound")
-            .unwrap();
-        assert_eq!(
-            (pod_found.status.as_str(), pod_found.reason.as_str()),
-            ("False", "PodNotFound")
-        );
-    }
-
-    #[test]
-    fn a_granted_claim_the_lease_does_not_name_is_revoked() {
-        let a = claim("a", Some(ClaimPhase::Granted));
-        let cs = claim_status(
-            &a,
-            "l",
-            &FencedLeaseStatus::default(),
-            &plan(),
-            PodPresence::NotNamed,
-            Timestamp::UNIX_EPOCH,
-        );
-        assert_eq!(cs.phase, Some(ClaimPhase::Revoked));
-    }
-
-    #[test]
     fn condition_keeps_its_transition_time_while_status_holds() {
         let mut conditions = vec![];
         let t0 = Timestamp::UNIX_EPOCH;
@@ -596,54 +292,5 @@ mod tests {
         );
         set_condition(&mut conditions, "Held", "False", "Free", "", None, t1);
         assert_eq!(conditions[0].last_transition_time.0, t1);
-    }
-
-    #[test]
-    fn a_claim_of_a_missing_lease_waits_without_a_token_or_loses_its_hold() {
-        let now = Timestamp::now();
-        let held = FencedLeaseClaimStatus {
-            phase: Some(ClaimPhase::Granted),
-            fencing_token: Some(7),
-            grant_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                now,
-            )),
-            lease_duration_seconds: Some(10),
-            ..Default::default()
-        };
-        let lost = without_lease(&held, "db", "ns", now);
-        assert_eq!(
-            (lost.phase, lost.fencing_token, lost.lease_duration_seconds),
-            (Some(ClaimPhase::Revoked), Some(7), Some(10))
-        );
-        assert_eq!(
-            lost.message.as_deref(),
-            Some("lost lease db: FencedLease db no longer exists in namespace ns")
-        );
-        // A waiter waits, holding nothing; told so by its condition.
-        let waiting = FencedLeaseClaimStatus {
-            phase: Some(ClaimPhase::Pending),
-            fencing_token: Some(3),
-            ..Default::default()
-        };
-        let waits = without_lease(&waiting, "db", "ns", now);
-        assert_eq!(
-            (waits.phase, waits.fencing_token),
-            (Some(ClaimPhase::Pending), None)
-        );
-        assert!(waits.conditions.iter().any(|c| c.type_ == "LeaseFound"
-            && c.status == "False"
-            && c.reason == "LeaseNotFound"));
-        // A final phase stays, with its message.
-        let expired = FencedLeaseClaimStatus {
-            phase: Some(ClaimPhase::Expired),
-            message: Some("expired".into()),
-            fencing_token: Some(7),
-            ..Default::default()
-        };
-        let still = without_lease(&expired, "db", "ns", now);
-        assert_eq!(
-            (still.phase, still.message.as_deref(), still.fencing_token),
-            (Some(ClaimPhase::Expired), Some("expired"), Some(7))
-        );
     }
 }

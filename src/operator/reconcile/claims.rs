@@ -11,9 +11,9 @@ use super::gather::newest_grant;
 use super::pods;
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
 use crate::operator::context::Context;
+use crate::operator::core::claim_status::ClaimStatuses;
 use crate::operator::core::decide::Plan;
 use crate::operator::core::transitions::{self, ClaimWas};
-use crate::operator::core::{status, unchanged};
 use crate::operator::error::{Result, timed};
 use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
@@ -109,9 +109,8 @@ fn to_write(
     claims: Vec<Arc<CachedClaim>>,
     name: &str,
 ) -> Vec<(Arc<CachedClaim>, FencedLeaseClaimStatus)> {
-    let now = Timestamp::now();
     let holder = status.holder.as_ref();
-    let beyond = status::beyond_shown(name);
+    let mut statuses = ClaimStatuses::new(name, status, plan, Timestamp::now());
     let mut writes: Vec<_> = claims
         .into_iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -131,12 +130,7 @@ fn to_write(
             let held = holder.filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()));
             let granted_to = held.and_then(|h| h.pod_uid.as_deref());
             let presence = pods::presence(&c, &ctx.pods, granted_to);
-            if held.is_none() && unchanged::waits_unchanged(&c, plan, presence, &beyond) {
-                return None; // far back in the queue, and already says so
-            }
-            let desired = status::claim_status(&c, name, status, plan, presence, now);
-            let same = c.status.as_ref().is_some_and(|s| *s == desired);
-            (!same).then_some((c, desired))
+            statuses.change(&c, presence).map(|desired| (c, desired))
         })
         .collect();
     // Those that lose the lease first, so no moment shows two claims Granted; then the new

@@ -25,7 +25,7 @@ use tracing::info;
 
 use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
-use crate::operator::core::status;
+use crate::operator::core::claim_status;
 use crate::operator::error::{Result, timed};
 use crate::operator::state::claim::CachedClaim;
 use crate::operator::state::heartbeat::beat_of;
@@ -165,7 +165,7 @@ async fn expire(
     let mut update = claim.clone();
     update.metadata.managed_fields = None;
     let current = claim.status.clone().unwrap_or_default();
-    update.status = Some(status::expired_status(current, lease, holder));
+    update.status = Some(claim_status::expired_status(current, lease, holder));
     match timed(
         "expire claim",
         ctx.kube.timeout,

@@ -15,7 +15,7 @@ use super::claims::status_params;
 use super::lookup::lease_exists;
 use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
-use crate::operator::core::status;
+use crate::operator::core::claim_status;
 use crate::operator::error::{Error, Result, timed};
 use crate::operator::state::claim::CachedClaim;
 
@@ -61,7 +61,7 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         .conditions
         .iter()
         .any(|c| c.type_ == "LeaseFound" && c.status == "False");
-    let desired = status::without_lease(&current, lease, &ns, Timestamp::now());
+    let desired = claim_status::without_lease(&current, lease, &ns, Timestamp::now());
     let message = desired.message.clone().unwrap_or_default();
     if desired != current {
         let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);

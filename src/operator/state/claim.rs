@@ -77,14 +77,20 @@ impl CachedCondition {
     }
 }
 
-impl PartialEq<Condition> for CachedCondition {
-    fn eq(&self, c: &Condition) -> bool {
+impl CachedCondition {
+    /// Equal to `c` but, perhaps, for when it last changed.
+    fn same_but_time(&self, c: &Condition) -> bool {
         self.type_ == c.type_.as_str()
             && self.status == c.status.as_str()
             && self.reason == c.reason.as_str()
             && *self.message == *c.message
             && self.observed_generation == c.observed_generation
-            && self.last_transition_time == c.last_transition_time.0
+    }
+}
+
+impl PartialEq<Condition> for CachedCondition {
+    fn eq(&self, c: &Condition) -> bool {
+        self.same_but_time(c) && self.last_transition_time == c.last_transition_time.0
     }
 }
 
@@ -140,8 +146,9 @@ impl CachedClaimStatus {
 }
 
 /// Compared without building either side again: a lease's reconcile compares every claim's.
-impl PartialEq<FencedLeaseClaimStatus> for CachedClaimStatus {
-    fn eq(&self, s: &FencedLeaseClaimStatus) -> bool {
+impl CachedClaimStatus {
+    /// Equal to `s` but, perhaps, for when its conditions last changed.
+    pub fn same_but_times(&self, s: &FencedLeaseClaimStatus) -> bool {
         self.phase == s.phase
             && self.fencing_token == s.fencing_token
             && self.grant_time == s.grant_time.as_ref().map(|t| t.0)
@@ -153,8 +160,19 @@ impl PartialEq<FencedLeaseClaimStatus> for CachedClaimStatus {
                 .conditions
                 .iter()
                 .zip(&s.conditions)
-                .all(|(a, b)| a == b)
+                .all(|(a, b)| a.same_but_time(b))
             && self.observed_generation == s.observed_generation
+    }
+}
+
+impl PartialEq<FencedLeaseClaimStatus> for CachedClaimStatus {
+    fn eq(&self, s: &FencedLeaseClaimStatus) -> bool {
+        self.same_but_times(s)
+            && self
+                .conditions
+                .iter()
+                .zip(&s.conditions)
+                .all(|(a, b)| a.last_transition_time == b.last_transition_time.0)
     }
 }
 
