@@ -175,22 +175,21 @@ pub async fn write(
         patch["metadata"] = json!({"resourceVersion": claim.metadata.resource_version});
     }
     let (params, patch) = (status_params(), Patch::Merge(&patch));
-    let flight = ctx
-        .written
-        .writing(claim.metadata.uid.as_deref().unwrap_or_default());
-    let written = timed(
+    let write = timed(
         "write claim status",
         ctx.kube.timeout,
         api.patch_status(&claim_name, &params, &patch),
     );
-    match written.await {
-        Ok(written) => {
-            flight.wrote(
-                claim.metadata.resource_version.as_deref(),
-                written.metadata.resource_version.as_deref(),
-            );
-            Ok(true)
-        }
+    let (uid, before) = (
+        claim.metadata.uid.as_deref(),
+        claim.metadata.resource_version.as_deref(),
+    );
+    match ctx
+        .written
+        .around(uid.unwrap_or_default(), before, write)
+        .await
+    {
+        Ok(_) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         // The claim reached a final phase the cache has not shown us yet (Expired and
         // Revoked are final; the CRD refuses to leave them): nothing to repair.

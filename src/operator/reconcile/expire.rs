@@ -166,25 +166,21 @@ async fn expire(
     update.metadata.managed_fields = None;
     let current = claim.status.clone().unwrap_or_default();
     update.status = Some(claim_status::expired_status(current, lease, holder));
-    match timed(
+    // Until the watch shows it, the cached copy (still live) must not be repaired over this
+    // final status: the CRD would refuse it, one wasted write each time.
+    let before = claim.metadata.resource_version.as_deref();
+    let params = PostParams::default();
+    let write = timed(
         "expire claim",
         ctx.kube.timeout,
-        api.replace_status(&name, &PostParams::default(), &update),
-    )
-    .await
-    {
+        api.replace_status(&name, &params, &update),
+    );
+    match ctx.written.around(&uid, before, write).await {
         Ok(written) => {
             if let Some(deadline) = silent.deadline {
                 let delay = Instant::now().saturating_duration_since(deadline);
                 ctx.metrics.expiry_delay.observe(delay.as_secs_f64());
             }
-            // Until the watch shows it, the cached copy (still live) must not be repaired
-            // over this final status: the CRD would refuse it, one wasted write each time.
-            ctx.written.wrote(
-                &uid,
-                claim.metadata.resource_version.as_deref(),
-                written.metadata.resource_version.as_deref(),
-            );
             info!(
                 lease,
                 namespace = %ns,

@@ -183,12 +183,20 @@ async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, err
         return;
     }
     let name = lease.name_any();
-    if let Err(e) = timed(
+    let params = PostParams::default();
+    let write = timed(
         "write lease condition",
         ctx.kube.timeout,
-        api.replace_status(&name, &PostParams::default(), &update),
-    )
-    .await
+        api.replace_status(&name, &params, &update),
+    );
+    let (uid, before) = (
+        lease.metadata.uid.as_deref(),
+        lease.metadata.resource_version.as_deref(),
+    );
+    if let Err(e) = ctx
+        .written
+        .around(uid.unwrap_or_default(), before, write)
+        .await
     {
         tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");
     }

@@ -66,12 +66,19 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
     if desired != current {
         let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
         let patch = json!({ "status": desired.merge_patch() });
-        timed(
+        let (name, params, patch) = (claim.name_any(), status_params(), Patch::Merge(&patch));
+        let write = timed(
             "write claim status",
             ctx.kube.timeout,
-            api.patch_status(&claim.name_any(), &status_params(), &Patch::Merge(&patch)),
-        )
-        .await?;
+            api.patch_status(&name, &params, &patch),
+        );
+        let (uid, before) = (
+            claim.metadata.uid.as_deref(),
+            claim.metadata.resource_version.as_deref(),
+        );
+        ctx.written
+            .around(uid.unwrap_or_default(), before, write)
+            .await?;
     }
     if current.phase == Some(ClaimPhase::Granted) {
         ctx.events.event(

@@ -146,21 +146,16 @@ pub async fn set_annotation(
 ) -> Result<()> {
     let name = &pod.name;
     let patch = json!({ "metadata": { "uid": pod.uid, "annotations": { key: value } } });
-    match timed(
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let write = timed(
         "annotate pod",
         ctx.kube.timeout,
-        api.patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await
-    {
-        Ok(written) => {
-            ctx.written.wrote(
-                written.metadata.uid.as_deref().unwrap_or_default(),
-                pod.resource_version.as_deref(),
-                written.metadata.resource_version.as_deref(),
-            );
-            Ok(())
-        }
+        api.patch_metadata(name, &params, &patch),
+    );
+    let before = pod.resource_version.as_deref();
+    let uid = pod.uid.as_deref().unwrap_or_default();
+    match ctx.written.around(uid, before, write).await {
+        Ok(_) => Ok(()),
         // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of
         // another UID, which the precondition kept us from writing ("metadata.uid: field is
         // immutable"). Any other refusal (an admission policy, say) is an error.

@@ -317,21 +317,22 @@ async fn patch_finalizers(
 ) -> Result<Option<FencedLease>> {
     let name = lease.metadata.name.clone().unwrap_or_default();
     let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": lease.metadata.resource_version } });
-    match timed(
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let write = timed(
         "patch lease finalizers",
         ctx.kube.timeout,
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await
+        api.patch(&name, &params, &patch),
+    );
+    let (uid, before) = (
+        lease.metadata.uid.as_deref(),
+        lease.metadata.resource_version.as_deref(),
+    );
+    match ctx
+        .written
+        .around(uid.unwrap_or_default(), before, write)
+        .await
     {
-        Ok(written) => {
-            ctx.written.wrote(
-                written.metadata.uid.as_deref().unwrap_or_default(),
-                lease.metadata.resource_version.as_deref(),
-                written.metadata.resource_version.as_deref(),
-            );
-            Ok(Some(written))
-        }
+        Ok(written) => Ok(Some(written)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }

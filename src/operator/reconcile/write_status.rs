@@ -323,24 +323,22 @@ async fn write(
     update.status = Some(desired);
     update.metadata.managed_fields = None;
     let params = PostParams::default();
-    let flight = ctx
-        .written
-        .writing(lease.metadata.uid.as_deref().unwrap_or_default());
-    let result = timed(
+    let write = timed(
         "write lease status",
         ctx.kube.timeout,
         api.replace_status(&name, &params, &update),
     );
-    match result.await {
-        Ok(written) => {
-            flight.wrote(
-                update.metadata.resource_version.as_deref(),
-                written.metadata.resource_version.as_deref(),
-            );
-            Ok(Wrote::Lease(Box::new(written)))
-        }
+    let (uid, before) = (
+        lease.metadata.uid.as_deref(),
+        lease.metadata.resource_version.as_deref(),
+    );
+    match ctx
+        .written
+        .around(uid.unwrap_or_default(), before, write)
+        .await
+    {
+        Ok(written) => Ok(Wrote::Lease(Box::new(written))),
         Err(e) if e.is_conflict() => {
-            drop(flight);
             ctx.metrics.conflicts.inc();
             info!(lease = %name, namespace = ?lease.namespace(), "lease changed since it was read; deciding again");
             let Some(read) = timed("read lease", ctx.kube.timeout, api.get_opt(&name)).await?

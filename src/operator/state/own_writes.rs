@@ -12,11 +12,15 @@
 //!   unless one is waiting for it. On a lease with a long queue each reconcile reads every
 //!   claim; these would be most of a hand-over's work.
 //!
+//! Every write of an object the operator watches goes through [`OwnWrites::around`], which
+//! keeps this record; nothing else writes it.
+//!
 //! Never used for safety: the lease status write keeps its `resourceVersion` precondition;
 //! this only saves writes that would be refused or change nothing, and reconciles that would
 //! find nothing to do.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 
 use super::locked;
@@ -57,7 +61,7 @@ pub struct OwnWrites {
 
 /// A write of this operator on its way: [`Flight::wrote`] with its answer; dropped without
 /// one (a failure, a timeout), the events it held back are news.
-pub struct Flight<'a> {
+struct Flight<'a> {
     writes: &'a OwnWrites,
     uid: String,
     landed: bool,
@@ -65,7 +69,7 @@ pub struct Flight<'a> {
 
 impl Flight<'_> {
     /// The write replaced version `before` with `after`.
-    pub fn wrote(mut self, before: Option<&str>, after: Option<&str>) {
+    fn wrote(mut self, before: Option<&str>, after: Option<&str>) {
         self.landed = true;
         self.writes.land(&self.uid, before, after);
     }
@@ -80,8 +84,24 @@ impl Drop for Flight<'_> {
 }
 
 impl OwnWrites {
+    /// Sends `write`, of object `uid` read at version `before`, and records the version it
+    /// leaves: the one way the operator writes an object it watches. Events of the object
+    /// that come while it is on its way wait for its answer (they may be its own); without an
+    /// answer they are news.
+    pub async fn around<K: kube::Resource, E>(
+        &self,
+        uid: &str,
+        before: Option<&str>,
+        write: impl Future<Output = Result<K, E>>,
+    ) -> Result<K, E> {
+        let flight = self.writing(uid);
+        let written = write.await?;
+        flight.wrote(before, written.meta().resource_version.as_deref());
+        Ok(written)
+    }
+
     /// A write of object `uid` is about to be sent.
-    pub fn writing(&self, uid: &str) -> Flight<'_> {
+    fn writing(&self, uid: &str) -> Flight<'_> {
         locked(&self.writes)
             .entry(uid.to_owned())
             .or_default()
@@ -95,7 +115,8 @@ impl OwnWrites {
 
     /// Records that a write replaced version `before` of object `uid` with `after`. A write
     /// that changed nothing (the same version back) is not recorded: no event follows it.
-    pub fn wrote(&self, uid: &str, before: Option<&str>, after: Option<&str>) {
+    #[cfg(test)]
+    fn wrote(&self, uid: &str, before: Option<&str>, after: Option<&str>) {
         record(&mut locked(&self.writes), uid, before, after);
     }
 
@@ -369,5 +390,62 @@ mod tests {
         w.forget("b");
         assert_eq!(fired.load(Ordering::SeqCst), 1);
         flight.wrote(Some("1"), Some("2"));
+    }
+
+    /// A ConfigMap at version `rv`: what a write answers with.
+    fn at(rv: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.resource_version = Some(rv.into());
+        cm
+    }
+
+    #[tokio::test]
+    async fn a_write_sent_around_knows_its_own_event_whenever_it_comes() {
+        let w = OwnWrites::default();
+        let fired = Arc::new(AtomicUsize::new(0));
+        // Its event comes before its answer: held back, then known as its own.
+        let written = w
+            .around("a", Some("1"), async {
+                w.seen(Some("a"), Some("2"), counting(&fired));
+                Ok::<_, ()>(at("2"))
+            })
+            .await;
+        assert_eq!(
+            written.map(|cm| cm.metadata.resource_version),
+            Ok(Some("2".into()))
+        );
+        assert_eq!(
+            fired.load(Ordering::SeqCst),
+            0,
+            "its own write: nothing new"
+        );
+        assert!(w.is_empty(), "the cache already shows it");
+
+        // Its event comes after its answer: known as its own too.
+        w.around("a", Some("2"), async { Ok::<_, ()>(at("3")) })
+            .await
+            .unwrap();
+        assert!(
+            w.is_superseded(Some("a"), Some("2")),
+            "the cache lags the write"
+        );
+        assert!(
+            triggers(&w, "a", "3"),
+            "awaited by the reconcile that found it lagging"
+        );
+
+        // A write that fails: the event it held back was news.
+        let failed = w
+            .around("b", Some("1"), async {
+                w.seen(Some("b"), Some("2"), counting(&fired));
+                Err::<k8s_openapi::api::core::v1::ConfigMap, _>("timeout")
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(
+            fired.load(Ordering::SeqCst),
+            1,
+            "sent once the write failed"
+        );
     }
 }
