@@ -5,8 +5,8 @@
 //! - It leaves Nagle's algorithm on (kube-rs/kube#2056): a request written in two pieces (its
 //!   headers, then its body) holds the second until the apiserver acknowledges the first, and
 //!   the apiserver delays that acknowledgement up to 40 ms while it waits for the rest of the
-//!   request. That was a release, a grant's status write or a heartbeat taking 45 ms instead of
-//!   3, in about one request in three (bench/runs/2026-12-02-nodelay).
+//!   request: a release, a grant's status write or a heartbeat then takes 45 ms instead of 3,
+//!   about one request in three (bench/runs/2026-12-02-queue-and-nodelay).
 //! - It speaks HTTP/1.1 only: every request or watch in flight needs a connection of its own,
 //!   and each new one a TCP and TLS handshake. A holder opens its watches right after its claim
 //!   is created, so an acquire paid for those handshakes while the operator granted it, and
