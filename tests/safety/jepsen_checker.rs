@@ -1085,6 +1085,18 @@ fn a_followed_leaders_write_across_its_own_terms_is_told_from_a_stale_one() {
         "{message}"
     );
 
+    // Sent before it learned of its new term, but after the other leader took the Lease
+    // again: not excused.
+    let mut h = a_leader_paused_across_terms();
+    h.0.retain(|e| !(e.p == "follow-0.0" && matches!(e.ev, Event::Acquired { token: 102, .. })));
+    h.followed(2_600, 18, Some(("follow-1.0", 4, "u1")), 103)
+        .workload(3_000, "follow-0.0", "w2", 100, accepted("w2"));
+    let message = only(&h.check(), Kind::StaleWriter);
+    assert!(
+        message.contains("accepted write w2 of follow-0.0"),
+        "{message}"
+    );
+
     // Accepted while the other leader held: the identity rule failed.
     let mut h = a_leader_paused_across_terms();
     h.workload(1_500, "follow-0.0", "w2", 100, accepted("w2"));

@@ -20,7 +20,8 @@
 //! goes with the lease, and is back at the new lease's first grant), from the deletion's start
 //! until the allowance after that grant; and a followed Lease's leader's writes sent with its
 //! term's token before its process learned that the status named its pod again, in a newer
-//! term, no later than the allowance after the answer. client-go may lead on across terms of
+//! term, no later than the allowance after the answer, and showed no other holder (nor none)
+//! from then to the allowance before the write was sent. client-go may lead on across terms of
 //! the FencedLease (a leader paused while another took the Lease and released it takes it back
 //! without its elector stopping; the Lease or the FencedLease created again), and such a
 //! leader writes whatever token it last learned: the identity rule rightly lets its pod write.
@@ -245,7 +246,7 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
         } else if late < allowance {
             r.identity.stale_accepted += 1;
             r.identity.latest_accepted = r.identity.latest_accepted.max(Some(late));
-        } else if renamed(lease_signs, &learned, w, sign, at.saturating_add(allowance)) {
+        } else if renamed(lease_signs, &learned, w, sign, at, allowance) {
             r.identity.renamed += 1;
         } else {
             // The first grant of a lease created again: its fence binding comes after it.
@@ -286,16 +287,30 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
     }
 }
 
-/// Was `w` a followed Lease's leader's write, sent before its process learned of a newer grant
-/// to its pod that the status showed (after `moved`, the first sign the lease moved on) by
-/// `by`?
+/// Was `w` (answered at `at`) a followed Lease's leader's write, sent before its process
+/// learned of a newer grant to its pod that the status showed (after `moved`, the first sign
+/// the lease moved on) no later than the allowance after the answer, and with no sign of
+/// another holder, or none, from that grant to the allowance before it was sent?
 fn renamed(
     signs: &[Sign<'_>],
     learned: &HashMap<(&str, &str), Vec<(u64, i64)>>,
     w: &Write<'_>,
     moved: &Sign<'_>,
-    by: u64,
+    at: u64,
+    allowance: u64,
 ) -> bool {
+    let knew = |g: &Sign<'_>| {
+        learned.get(&(w.process, w.lease)).is_some_and(|grants| {
+            grants
+                .iter()
+                .any(|&(t, token)| token >= g.token && t <= w.sent)
+        })
+    };
+    let lost_since = |g: &Sign<'_>| {
+        signs
+            .iter()
+            .any(|s| s.t > g.t && s.t.saturating_add(allowance) <= w.sent && s.pod != Some(w.pod))
+    };
     signs
         .iter()
         .filter(|s| {
@@ -304,15 +319,9 @@ fn renamed(
                 && s.pod == Some(w.pod)
                 && s.token > w.token
                 && s.t >= moved.t
-                && s.t <= by
+                && s.t <= at.saturating_add(allowance)
         })
-        .any(|g| {
-            !learned.get(&(w.process, w.lease)).is_some_and(|grants| {
-                grants
-                    .iter()
-                    .any(|&(t, token)| token >= g.token && t <= w.sent)
-            })
-        })
+        .any(|g| !knew(g) && !lost_since(g))
 }
 
 /// The first sign that the lease moved on from `token`: a higher token, or no holder on the
