@@ -156,14 +156,6 @@ func (h *holder) runFollow(ctx context.Context, config *rest.Config, followed st
 	return nil
 }
 
-// followOutcome is how a term the elector led ended, as the work saw it.
-type followOutcome struct {
-	claim         string
-	token         int64
-	acquired      bool
-	letGo, zombie bool
-}
-
 // follow is one round: an elector until it has led one term and stopped, or ctx ends.
 // Reports whether leadership was lost (the elector stopped leading, not told to).
 func (h *holder) follow(ctx context.Context, f *follower) bool {
@@ -171,7 +163,7 @@ func (h *holder) follow(ctx context.Context, f *follower) bool {
 	h.rec.record(event{"ev": "waiting", "lease": name})
 	electCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	led := make(chan followOutcome, 1)
+	led := make(chan leadOutcome, 1)
 	config := f.timing
 	config.Lock, config.ReleaseOnCancel = f.lock, true
 	config.Callbacks = leaderelection.LeaderCallbacks{
@@ -180,18 +172,8 @@ func (h *holder) follow(ctx context.Context, f *follower) bool {
 	}
 	leaderelection.RunOrDie(electCtx, config)
 
-	// The elector returns without having led only once its context ends.
-	var out followOutcome
-	if electCtx.Err() == nil {
-		out = <-led
-	} else {
-		select {
-		case out = <-led:
-		case <-time.After(writeTimeout + time.Second):
-			return false
-		}
-	}
-	if !out.acquired {
+	out, ok := ledOutcome(electCtx, led)
+	if !ok || !out.acquired {
 		return false
 	}
 	if !out.letGo && ctx.Err() == nil {
@@ -201,12 +183,7 @@ func (h *holder) follow(ctx context.Context, f *follower) bool {
 		})
 		return true
 	}
-	h.rec.record(event{"ev": "released", "lease": name, "claim": out.claim, "how": "released"})
-	if out.zombie {
-		h.zombie(ctx, out.token)
-	} else {
-		sleep(ctx, h.between(0, 400))
-	}
+	h.released(ctx, out)
 	return false
 }
 
@@ -217,14 +194,14 @@ func (h *holder) follow(ctx context.Context, f *follower) bool {
 // created again) is a new claim, and its token is written from then on. Then, if it still
 // leads, it lets go by cancelling the elector's context. It returns once the leading context
 // has ended: nothing is written after.
-func (h *holder) leadFollowing(lead context.Context, release context.CancelFunc, f *follower) followOutcome {
+func (h *holder) leadFollowing(lead context.Context, release context.CancelFunc, f *follower) leadOutcome {
 	defer func() { <-lead.Done() }()
 	until := time.Now().Add(h.hold())
 	get, cancel := context.WithTimeout(lead, writeTimeout)
 	record, err := f.lock.Client.Leases(h.s.namespace).Get(get, f.lock.LeaseMeta.Name, metav1.GetOptions{})
 	cancel()
 	if err != nil || record.Spec.HolderIdentity == nil || *record.Spec.HolderIdentity != h.s.process {
-		return followOutcome{} // led, but the Lease names another already
+		return leadOutcome{} // led, but the Lease names another already
 	}
 	var transitions int64
 	if record.Spec.LeaseTransitions != nil {
@@ -232,10 +209,10 @@ func (h *holder) leadFollowing(lead context.Context, release context.CancelFunc,
 	}
 	granted, ok := h.awaitGrant(lead, f.status, f.podUID, string(record.UID), transitions, until)
 	if !ok {
-		return followOutcome{}
+		return leadOutcome{}
 	}
 	h.rec.record(event{"ev": "acquired", "lease": h.s.lease, "claim": granted.claim, "token": granted.token})
-	out := followOutcome{claim: granted.claim, token: granted.token, acquired: true}
+	out := leadOutcome{claim: granted.claim, token: granted.token, acquired: true}
 	turn := h.rng.IntN(len(followRounds))
 	for time.Now().Before(until) && lead.Err() == nil {
 		if now, ok, _ := f.status.mine(f.podUID); ok && now.token > out.token {

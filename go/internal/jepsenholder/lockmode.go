@@ -187,19 +187,8 @@ func (h *holder) elect(ctx context.Context, lk *lock.Lock) bool {
 	}
 	leaderelection.RunOrDie(electCtx, lk.LeaderElectionConfig(callbacks))
 
-	// The elector has stopped. It returns without leading only once its context ends; then
-	// it may have led, and its work ends with the leading context (a write in flight last).
-	var out leadOutcome
-	if electCtx.Err() == nil {
-		out = <-led
-	} else {
-		select {
-		case out = <-led:
-		case <-time.After(writeTimeout + time.Second):
-			return false
-		}
-	}
-	if !out.acquired {
+	out, ok := ledOutcome(electCtx, led)
+	if !ok || !out.acquired {
 		return false
 	}
 	// Lost: the elector stopped leading although the holder did not let go, and the run did
@@ -212,13 +201,34 @@ func (h *holder) elect(ctx context.Context, lk *lock.Lock) bool {
 		h.rec.record(loss.event(name, out.claim))
 		return true
 	}
-	h.rec.record(event{"ev": "released", "lease": name, "claim": out.claim, "how": "released"})
+	h.released(ctx, out)
+	return false
+}
+
+// ledOutcome is the outcome of the term an elector on electCtx led, once the elector has
+// stopped. It returns without leading only once its context ends; then it may have led, and
+// its work ends with the leading context (a write in flight last). False: it did not lead.
+func ledOutcome(electCtx context.Context, led <-chan leadOutcome) (leadOutcome, bool) {
+	if electCtx.Err() == nil {
+		return <-led, true
+	}
+	select {
+	case out := <-led:
+		return out, true
+	case <-time.After(writeTimeout + time.Second):
+		return leadOutcome{}, false
+	}
+}
+
+// released records that the holder let go of out's term, then writes as a zombie, or pauses
+// before the next round.
+func (h *holder) released(ctx context.Context, out leadOutcome) {
+	h.rec.record(event{"ev": "released", "lease": h.s.lease, "claim": out.claim, "how": "released"})
 	if out.zombie {
 		h.zombie(ctx, out.token)
 	} else {
 		sleep(ctx, h.between(0, 400))
 	}
-	return false
 }
 
 // lead is the work of one term, from OnStartedLeading: it records the grant, writes (asking
