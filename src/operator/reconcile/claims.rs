@@ -180,13 +180,10 @@ pub async fn write(
         ctx.kube.timeout,
         api.patch_status(&claim_name, &params, &patch),
     );
-    let (uid, before) = (
-        claim.metadata.uid.as_deref(),
-        claim.metadata.resource_version.as_deref(),
-    );
+    let meta = &claim.metadata;
     match ctx
         .written
-        .around(uid.unwrap_or_default(), before, write)
+        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await
     {
         Ok(_) => Ok(true),

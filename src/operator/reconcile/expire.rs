@@ -175,7 +175,7 @@ async fn expire(
         ctx.kube.timeout,
         api.replace_status(&name, &params, &update),
     );
-    match ctx.written.around(&uid, before, write).await {
+    match ctx.written.around(Some(&uid), before, write).await {
         Ok(written) => {
             if let Some(deadline) = silent.deadline {
                 let delay = Instant::now().saturating_duration_since(deadline);

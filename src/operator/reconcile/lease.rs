@@ -189,13 +189,10 @@ async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, err
         ctx.kube.timeout,
         api.replace_status(&name, &params, &update),
     );
-    let (uid, before) = (
-        lease.metadata.uid.as_deref(),
-        lease.metadata.resource_version.as_deref(),
-    );
+    let meta = &lease.metadata;
     if let Err(e) = ctx
         .written
-        .around(uid.unwrap_or_default(), before, write)
+        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await
     {
         tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");

@@ -72,12 +72,9 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
             ctx.kube.timeout,
             api.patch_status(&name, &params, &patch),
         );
-        let (uid, before) = (
-            claim.metadata.uid.as_deref(),
-            claim.metadata.resource_version.as_deref(),
-        );
+        let meta = &claim.metadata;
         ctx.written
-            .around(uid.unwrap_or_default(), before, write)
+            .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
             .await?;
     }
     if current.phase == Some(ClaimPhase::Granted) {

@@ -152,8 +152,7 @@ pub async fn set_annotation(
         ctx.kube.timeout,
         api.patch_metadata(name, &params, &patch),
     );
-    let before = pod.resource_version.as_deref();
-    let uid = pod.uid.as_deref().unwrap_or_default();
+    let (uid, before) = (pod.uid.as_deref(), pod.resource_version.as_deref());
     match ctx.written.around(uid, before, write).await {
         Ok(_) => Ok(()),
         // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of

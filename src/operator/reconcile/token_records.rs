@@ -323,13 +323,10 @@ async fn patch_finalizers(
         ctx.kube.timeout,
         api.patch(&name, &params, &patch),
     );
-    let (uid, before) = (
-        lease.metadata.uid.as_deref(),
-        lease.metadata.resource_version.as_deref(),
-    );
+    let meta = &lease.metadata;
     match ctx
         .written
-        .around(uid.unwrap_or_default(), before, write)
+        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await
     {
         Ok(written) => Ok(Some(written)),

@@ -328,13 +328,10 @@ async fn write(
         ctx.kube.timeout,
         api.replace_status(&name, &params, &update),
     );
-    let (uid, before) = (
-        lease.metadata.uid.as_deref(),
-        lease.metadata.resource_version.as_deref(),
-    );
+    let meta = &lease.metadata;
     match ctx
         .written
-        .around(uid.unwrap_or_default(), before, write)
+        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await
     {
         Ok(written) => Ok(Wrote::Lease(Box::new(written))),

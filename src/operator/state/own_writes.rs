@@ -90,11 +90,11 @@ impl OwnWrites {
     /// answer they are news.
     pub async fn around<K: kube::Resource, E>(
         &self,
-        uid: &str,
+        uid: Option<&str>,
         before: Option<&str>,
         write: impl Future<Output = Result<K, E>>,
     ) -> Result<K, E> {
-        let flight = self.writing(uid);
+        let flight = self.writing(uid.unwrap_or_default());
         let written = write.await?;
         flight.wrote(before, written.meta().resource_version.as_deref());
         Ok(written)
@@ -405,7 +405,7 @@ mod tests {
         let fired = Arc::new(AtomicUsize::new(0));
         // Its event comes before its answer: held back, then known as its own.
         let written = w
-            .around("a", Some("1"), async {
+            .around(Some("a"), Some("1"), async {
                 w.seen(Some("a"), Some("2"), counting(&fired));
                 Ok::<_, ()>(at("2"))
             })
@@ -422,7 +422,7 @@ mod tests {
         assert!(w.is_empty(), "the cache already shows it");
 
         // Its event comes after its answer: known as its own too.
-        w.around("a", Some("2"), async { Ok::<_, ()>(at("3")) })
+        w.around(Some("a"), Some("2"), async { Ok::<_, ()>(at("3")) })
             .await
             .unwrap();
         assert!(
@@ -436,7 +436,7 @@ mod tests {
 
         // A write that fails: the event it held back was news.
         let failed = w
-            .around("b", Some("1"), async {
+            .around(Some("b"), Some("1"), async {
                 w.seen(Some("b"), Some("2"), counting(&fired));
                 Err::<k8s_openapi::api::core::v1::ConfigMap, _>("timeout")
             })
