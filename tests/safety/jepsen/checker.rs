@@ -1288,6 +1288,9 @@ fn crashes(entries: &[&Entry], r: &mut Report) {
         let Event::Exited { process, status } = &e.ev else {
             continue;
         };
+        if process.starts_with("cli-") {
+            continue;
+        }
         let panicked = match status.as_str() {
             "exit status: 101" => "a Rust panic",
             "exit status: 2"
@@ -1299,9 +1302,6 @@ fn crashes(entries: &[&Entry], r: &mut Report) {
             }
             _ => continue,
         };
-        if process.starts_with("cli-") {
-            continue;
-        }
         r.violations.push(Violation {
             claims: vec![],
             kind: Kind::ProcessCrashed,
