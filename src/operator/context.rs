@@ -14,7 +14,7 @@ use super::metrics::Metrics;
 use super::state::followed::CachedLease;
 use super::state::{
     Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites, PendingRecords,
-    Positions, RecordsAhead, Swept, Wakeups,
+    Positions, RecordsAhead,
 };
 use crate::api::FencedLease;
 
@@ -54,14 +54,10 @@ pub struct Context {
     pub claims_by_lease: Arc<Index>,
     /// Pods by the leases whose token annotation they carry.
     pub pods_by_lease: Arc<Index>,
-    /// Each lease's next reconcile at the latest (its holder's deadline, or the resync).
-    pub wakeups: Arc<Wakeups>,
     /// Queue positions waiting to be written, off the hand-over's path.
     pub positions: Arc<Positions>,
     /// Versions of leases and claims this operator wrote over that its caches still show.
     pub written: Arc<OwnWrites>,
-    /// Leases the sweep, or the pacing of deletions, has queued whose reconcile has not finished.
-    pub swept: Swept,
     /// The admission objects of the fence, as watched: whether a lease's fence is in force.
     pub admission: Admission,
     /// Token records waiting to be written, one write per ConfigMap at a time.

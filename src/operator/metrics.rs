@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 
 use crate::api::{ClaimPhase, FencedLease};
 pub use crate::operator::core::transitions::Transition;
-use crate::operator::names::{joined_name, split_name};
+use crate::operator::names::LeaseKey;
 use crate::operator::state::{Cache, CachedClaim};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -174,21 +174,17 @@ const TRANSITIONS: [Transition; 4] = [
     Transition::Revoked,
 ];
 
-/// `transitions_total` by lease and kind: four counts per lease under one `namespace\0lease`
-/// string, about half the memory of a counter family keyed by owned label strings.
+/// `transitions_total` by lease and kind: four counts per lease under its key, about half the
+/// memory of a counter family keyed by owned label strings.
 #[derive(Clone, Debug, Default)]
 pub struct TransitionCounts {
-    counts: Arc<Mutex<HashMap<Box<str>, [u64; 4]>>>,
+    counts: Arc<Mutex<HashMap<LeaseKey, [u64; 4]>>>,
 }
 
 impl TransitionCounts {
     fn count(&self, namespace: &str, lease: &str, transition: Transition) {
-        let key = joined_name(namespace, lease);
         let mut counts = self.lock();
-        let slot = match counts.get_mut(key.as_str()) {
-            Some(slot) => slot,
-            None => counts.entry(key.into_boxed_str()).or_default(),
-        };
+        let slot = counts.entry(LeaseKey::new(namespace, lease)).or_default();
         slot[TRANSITIONS
             .iter()
             .position(|t| *t == transition)
@@ -196,17 +192,17 @@ impl TransitionCounts {
     }
 
     fn forget(&self, namespace: &str, lease: &str) {
-        self.lock().remove(joined_name(namespace, lease).as_str());
+        self.lock().remove(&LeaseKey::new(namespace, lease));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, [u64; 4]>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, [u64; 4]>> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl Collector for TransitionCounts {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let counts: Vec<(Box<str>, [u64; 4])> =
+        let counts: Vec<(LeaseKey, [u64; 4])> =
             self.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
         let mut family = encoder.encode_descriptor(
             "transitions",
@@ -215,7 +211,7 @@ impl Collector for TransitionCounts {
             MetricType::Counter,
         )?;
         for (key, values) in counts {
-            let (namespace, lease) = split_name(&key).unwrap_or(("", &key));
+            let (namespace, lease) = (key.namespace(), key.name());
             for (transition, value) in TRANSITIONS.into_iter().zip(values) {
                 if value == 0 {
                     continue;
@@ -270,15 +266,15 @@ fn is_waiting(claim: &CachedClaim) -> bool {
         )
 }
 
-/// Per lease (`namespace\0lease`), the creation time in Unix seconds of its oldest waiting
+/// Per lease, the creation time in Unix seconds of its oldest waiting
 /// claim: one pass over the claims.
-fn oldest_waiting(claims: &[Arc<CachedClaim>]) -> HashMap<String, i64> {
-    let mut oldest: HashMap<String, i64> = HashMap::new();
+fn oldest_waiting(claims: &[Arc<CachedClaim>]) -> HashMap<LeaseKey, i64> {
+    let mut oldest: HashMap<LeaseKey, i64> = HashMap::new();
     for claim in claims.iter().filter(|c| is_waiting(c)) {
         let Some(created) = &claim.metadata.creation_timestamp else {
             continue;
         };
-        let key = joined_name(
+        let key = LeaseKey::new(
             claim.metadata.namespace.as_deref().unwrap_or_default(),
             &claim.spec.lease_name,
         );
@@ -350,7 +346,7 @@ impl Collector for LeaseGauges {
         )?;
         for lease in &leases {
             let labels = labels(lease);
-            if let Some(created) = oldest.get(&joined_name(&labels.namespace, &labels.lease)) {
+            if let Some(created) = oldest.get(&LeaseKey::new(&labels.namespace, &labels.lease)) {
                 ConstGauge::new(*created).encode(family.encode_family(&labels)?)?;
             }
         }

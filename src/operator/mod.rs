@@ -3,6 +3,7 @@
 //!
 //! Its rooms, each importing only those above it in this list:
 //! - [`names`], [`error`]: names and keys of leases and claims; errors and API deadlines;
+//! - [`scheduler`]: when each lease (and each claim of a missing lease) is reconciled;
 //! - [`core`]: what to do, decided without I/O;
 //! - [`admission`]: the fence's admission objects, whether a lease's fence is in force, and the
 //!   keeper of the kinds slots;
@@ -20,4 +21,5 @@ pub mod metrics;
 pub mod names;
 pub mod reconcile;
 pub mod runtime;
+pub mod scheduler;
 pub mod state;

@@ -1,9 +1,11 @@
-//! How the operator names leases and claims: queue keys, joined names, object references.
+//! How the operator names leases and claims: the key of a lease, object references.
+
+use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::reflector::ObjectRef;
-
 use kube::Resource;
+use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{FencedLease, FencedLeaseClaim};
 
@@ -23,24 +25,68 @@ pub fn claim_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
     }
 }
 
-/// The key a lease is queued and scheduled under: its namespace and name only. Not
-/// `ObjectRef::from_obj`, which also copies its UID and resourceVersion, two more strings in
-/// each of the controller's timers (the key's equality ignores them anyway).
-pub fn lease_key(lease: &FencedLease) -> ObjectRef<FencedLease> {
-    let key = ObjectRef::new(lease.metadata.name.as_deref().unwrap_or_default());
-    match lease.metadata.namespace.as_deref() {
-        Some(ns) => key.within(ns),
-        None => key,
+/// One lease, by namespace and name: the key it is scheduled, timed, counted and kept under
+/// wherever the operator keeps something per lease. One shared string, `namespace\0name` (no
+/// Kubernetes namespace or name holds a NUL): a copy is a pointer, and thousands of leases kept
+/// by key cost one allocation each. Not `ObjectRef::from_obj`, which also copies the UID and
+/// resourceVersion (its equality ignores them anyway).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseKey(Arc<str>);
+
+impl LeaseKey {
+    pub fn new(ns: &str, name: &str) -> Self {
+        LeaseKey(format!("{ns}\0{name}").into())
+    }
+
+    /// The key of `lease`.
+    pub fn of(lease: &FencedLease) -> Self {
+        let meta = &lease.metadata;
+        Self::new(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.0.split_once('\0').map_or("", |(ns, _)| ns)
+    }
+
+    pub fn name(&self) -> &str {
+        self.0.split_once('\0').map_or(&self.0, |(_, name)| name)
+    }
+
+    /// The lease's key in the lease cache.
+    pub fn object_ref(&self) -> ObjectRef<FencedLease> {
+        ObjectRef::new(self.name()).within(self.namespace())
     }
 }
 
-/// A lease's namespace and name as one string, `namespace\0name` (no Kubernetes namespace or
-/// name holds a NUL): one allocation a lease where thousands of leases are kept by name.
-pub fn joined_name(ns: &str, name: &str) -> String {
-    format!("{ns}\0{name}")
+impl fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace(), self.name())
+    }
 }
 
-/// The namespace and name of a [`joined_name`].
-pub fn split_name(joined: &str) -> Option<(&str, &str)> {
-    joined.split_once('\0')
+impl fmt::Debug for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_key_gives_back_its_namespace_and_name() {
+        let key = LeaseKey::new("team-a", "db");
+        assert_eq!((key.namespace(), key.name()), ("team-a", "db"));
+        assert_eq!(key.to_string(), "team-a/db");
+        assert_eq!(key.object_ref(), ObjectRef::new("db").within("team-a"));
+        assert_ne!(
+            key,
+            LeaseKey::new("team-a/db", ""),
+            "the separator is no name's"
+        );
+    }
 }

@@ -11,7 +11,6 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -20,6 +19,8 @@ use super::slots::{self, Slot, Wanted};
 use super::{Admission, Kind};
 use crate::api::{FencedLease, FencedResource};
 use crate::operator::error::{Result, timed};
+use crate::operator::names::LeaseKey;
+use crate::operator::scheduler::Scheduler;
 
 /// How often the slots are brought in line when nothing asked.
 const EVERY: Duration = Duration::from_secs(300);
@@ -43,7 +44,7 @@ pub async fn run(
     admission: Admission,
     leases: Store<FencedLease>,
     writer: Writer,
-    triggers: UnboundedSender<ObjectRef<FencedLease>>,
+    triggers: Scheduler<LeaseKey>,
     ready: impl Fn() -> bool,
     stop: CancellationToken,
 ) {
@@ -86,7 +87,7 @@ async fn keep(
     admission: &Admission,
     leases: &Store<FencedLease>,
     writer: &Writer,
-    triggers: &UnboundedSender<ObjectRef<FencedLease>>,
+    triggers: &Scheduler<LeaseKey>,
 ) -> Result<()> {
     let served =
         |ns: &str| writer.namespaces.is_empty() || writer.namespaces.iter().any(|n| n == ns);
@@ -140,7 +141,7 @@ async fn keep(
     }
     let pending = std::mem::take(&mut admission.lock().pending);
     for (ns, name) in pending {
-        let _ = triggers.send(ObjectRef::new(&name).within(&ns));
+        triggers.reconcile(LeaseKey::new(&ns, &name));
     }
     Ok(())
 }
@@ -186,7 +187,7 @@ fn added(before: Option<&Assignment>, next: Option<&Assignment>) -> Vec<(FencedR
 fn nudge(
     admission: &Admission,
     leases: &Store<FencedLease>,
-    triggers: &UnboundedSender<ObjectRef<FencedLease>>,
+    triggers: &Scheduler<LeaseKey>,
     touched: Option<&BTreeSet<(FencedResource, String)>>,
 ) {
     let unplaced = admission.lock().unplaced.clone();
@@ -198,7 +199,7 @@ fn nudge(
             unplaced.contains(k) || touched.is_none_or(|t| t.contains(&(k.clone(), ns.clone())))
         });
         if concerned {
-            let _ = triggers.send(ObjectRef::from_obj(&*lease));
+            triggers.reconcile(LeaseKey::of(&lease));
         }
     }
 }

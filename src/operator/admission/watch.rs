@@ -7,18 +7,19 @@ use std::collections::BTreeSet;
 
 use futures::StreamExt;
 use kube::api::Api;
+use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::Admission;
 use super::shipped::{self, LABELS};
 use crate::api::FencedLease;
+use crate::operator::names::LeaseKey;
+use crate::operator::scheduler::Scheduler;
 
 /// What a watch of admission objects reads and tells.
 #[derive(Clone)]
@@ -26,7 +27,7 @@ pub struct Feed {
     pub client: Client,
     pub admission: Admission,
     pub leases: Store<FencedLease>,
-    pub triggers: UnboundedSender<ObjectRef<FencedLease>>,
+    pub triggers: Scheduler<LeaseKey>,
     pub stop: CancellationToken,
 }
 
@@ -91,7 +92,7 @@ fn concerned(
     admission: &Admission,
     leases: &Store<FencedLease>,
     name: &str,
-    triggers: &UnboundedSender<ObjectRef<FencedLease>>,
+    triggers: &Scheduler<LeaseKey>,
 ) {
     let slot = shipped::slot_names().iter().any(|s| s == name);
     let (listed, pending) = {
@@ -109,7 +110,7 @@ fn concerned(
             lease.spec.fence_objects || lease.spec.fence.is_some()
         };
         if fenced {
-            let _ = triggers.send(ObjectRef::from_obj(&*lease));
+            triggers.reconcile(LeaseKey::of(&lease));
         }
     }
 }

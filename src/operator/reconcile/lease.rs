@@ -20,7 +20,6 @@ use crate::operator::admission::Check;
 use crate::operator::context::Context;
 use crate::operator::core::status;
 use crate::operator::error::{Error, Result, timed, truncate};
-use crate::operator::names::lease_key;
 use crate::operator::state::failures::RETRY;
 
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
@@ -35,7 +34,6 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
     if result.is_ok() {
         ctx.failures.succeeded(&failure_key(&lease));
     }
-    ctx.swept.finished(&lease_key(&lease));
     result
 }
 
@@ -157,10 +155,12 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     pods::repair_annotations(ctx, &lease, &ns, &name).await?;
     fenced?;
 
+    // Next at the latest: the holder's deadline, a waiter's, or the resync.
     let idle = Instant::now() + ctx.resync_after();
-    ctx.wakeups
-        .set(&ns, &name, plan.wake_at.map_or(idle, |at| at.min(idle)));
-    Ok(Action::await_change())
+    let wake = plan.wake_at.map_or(idle, |at| at.min(idle));
+    Ok(Action::requeue(
+        wake.saturating_duration_since(Instant::now()),
+    ))
 }
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the

@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::claims::{self, Over};
-use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseClaimStatus};
+use crate::api::{FencedLeaseClaim, FencedLeaseClaimStatus};
 use crate::operator::context::Context;
 use crate::operator::error::Result;
+use crate::operator::names::LeaseKey;
+use crate::operator::scheduler::Scheduler;
 use crate::operator::state::positions;
 
 /// At most one position write per this long (100/s): a few percent of what the apiserver
@@ -29,11 +29,7 @@ use crate::operator::state::positions;
 pub const PACE: Duration = Duration::from_millis(10);
 
 /// Writes due positions until `stop`; leases whose positions conflicted go to `again`.
-pub async fn write_due(
-    ctx: Arc<Context>,
-    again: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
-    stop: CancellationToken,
-) {
+pub async fn write_due(ctx: Arc<Context>, again: Scheduler<LeaseKey>, stop: CancellationToken) {
     let mut pace = Pace(Instant::now());
     loop {
         let (due, next) = ctx.positions.take_due(Instant::now());
@@ -56,7 +52,7 @@ pub async fn write_due(
                         ctx.metrics.error(e.metric_label());
                         tracing::debug!(lease = %lease, namespace = %ns, claim = %name, error = %e, "queue position not written");
                     }
-                    let _ = again.send(ObjectRef::new(&lease).within(&ns));
+                    again.reconcile(LeaseKey::new(&ns, &lease));
                     break;
                 }
             }

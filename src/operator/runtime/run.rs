@@ -1,5 +1,5 @@
-//! Wiring: one feed per watch fills the caches and triggers reconciles; the lease controller
-//! and the claims of missing leases (each a [`runner`]), the sweep, the wake-up timers and
+//! Wiring: one feed per watch fills the caches and triggers reconciles; the scheduler of the
+//! leases and that of the claims of missing leases ([`scheduler`]), the position writer and
 //! the removal of orphaned annotations act on them. FencedLease is the primary object;
 //! claims and pods feed it.
 //!
@@ -8,6 +8,7 @@
 //! woken again, and then no longer takes events, and once 1,024 events wait for it the watch
 //! itself stops. Controllers here are fed from the watches by channels instead.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,21 +20,21 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use tokio::sync::mpsc;
+use kube::runtime::reflector::{self, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::feeds::{self, Memory, Receivers, Triggers};
-use super::{runner, sweep};
-use crate::api::FencedLease;
 use crate::operator::admission::{self, Admission};
 use crate::operator::context::{Context, Kube};
 use crate::operator::error::truncate;
 use crate::operator::events::Events;
 use crate::operator::metrics::Metrics;
+use crate::operator::names::LeaseKey;
+use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::{lease, missing_lease, orphans, positions};
+use crate::operator::scheduler::{self, Config, Work};
 
 /// Settings of one operator run.
 #[derive(Clone, Debug)]
@@ -51,17 +52,6 @@ pub struct Settings {
     /// Normal Events (grants, releases) published per second at most, after a burst.
     pub events_per_second: f64,
 }
-
-/// Leases reconciled at once: bounds the API calls (and connections) in flight, so that an
-/// operator started over thousands of waiting claims works through them instead of opening
-/// thousands of connections at once.
-const LEASE_CONCURRENCY: usize = 32;
-/// Of those, at most this many reconcile leases of the sweep that follows every (re)list, or
-/// leases being deleted; the others stay free for changes (a new claim is granted at once
-/// while thousands are swept, or deleted).
-const SWEEP_CONCURRENCY: usize = 24;
-/// Claims reconciled at once (only claims of missing leases do any work).
-const CLAIM_CONCURRENCY: usize = 8;
 
 /// Runs the operator until `stop` is cancelled; sets `ready` once the caches have synced.
 pub async fn run(
@@ -96,23 +86,17 @@ pub async fn run(
         &stop,
     ));
     // No decision before every cache has synced: what the feeds trigger meanwhile waits in
-    // their channels, and the reconcilers start once, on complete caches.
+    // the schedulers, which start once, on complete caches.
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    tasks.extend(workers(&ctx, receivers, &triggers, opened, &stop));
     let synced = tokio::select! {
         () = stop.cancelled() => false,
         synced = mark_synced(&ctx, &memory, &ready) => synced,
     };
     if synced {
-        let (to_controller, controller_triggers) = mpsc::unbounded_channel();
-        tasks.extend(workers(
-            &ctx,
-            &memory,
-            receivers,
-            &triggers,
-            to_controller,
-            &stop,
-        ));
+        let _ = gate.send(true);
         info!(namespaces = ?settings.namespaces, "controllers started");
-        run_lease_controller(ctx, controller_triggers, stop.clone()).await;
+        stop.cancelled().await;
     }
     stop.cancel();
     for task in tasks {
@@ -121,56 +105,96 @@ pub async fn run(
     info!("controllers stopped");
 }
 
-/// What acts on the feeds' triggers besides the lease controller, until `stop`.
+/// What acts on the feeds' triggers, until `stop`: the two schedulers, once `opened` says
+/// every cache has synced, the position writer and the removal of orphaned annotations.
 fn workers(
     ctx: &Arc<Context>,
-    memory: &Memory,
     receivers: Receivers,
     triggers: &Triggers,
-    to_controller: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
+    opened: tokio::sync::watch::Receiver<bool>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
-    let claim_ctx = ctx.clone();
-    let reconcile_claim = move |key| {
-        let ctx = claim_ctx.clone();
-        async move { missing_lease::reconcile(&ctx, &key).await }
+    let gate = move || {
+        let mut opened = opened.clone();
+        async move { opened.wait_for(|open| *open).await.is_ok() }
     };
-    let wakeups = memory.wakeups.clone();
-    let (sweeps, concurrency) = (receivers.sweeps, SWEEP_CONCURRENCY);
+    let leases = scheduler::run(
+        Config::LEASES,
+        receivers.leases,
+        gate(),
+        Leases(ctx.clone()),
+        stop.clone(),
+    );
+    let claims = scheduler::run(
+        Config::CLAIMS,
+        receivers.claims,
+        gate(),
+        MissingLeases(ctx.clone()),
+        stop.clone(),
+    );
+    let writer = positions::write_due(ctx.clone(), triggers.leases.clone(), stop.clone());
     vec![
+        tokio::spawn(leases),
+        tokio::spawn(claims),
+        tokio::spawn(writer),
         tokio::spawn(orphans::sweep(ctx.clone(), receivers.orphans, stop.clone())),
-        tokio::spawn(positions::write_due(
-            ctx.clone(),
-            triggers.leases.clone(),
-            stop.clone(),
-        )),
-        tokio::spawn(wakeups.run(triggers.due.clone(), stop.clone())),
-        // Every lease once the caches have synced (one deleted while the operator was down,
-        // with no claim to trigger it, say), and after every relist, paced.
-        tokio::spawn(sweep::run(
-            ctx.clone(),
-            concurrency,
-            sweeps,
-            to_controller.clone(),
-            stop.clone(),
-        )),
-        // Leases being deleted, paced in the sweep's slots: thousands deleted at once must
-        // not hold up a change elsewhere.
-        tokio::spawn(sweep::route(
-            ctx.clone(),
-            concurrency,
-            (receivers.leases, receivers.due),
-            to_controller,
-            stop.clone(),
-        )),
-        // Claims of missing leases.
-        tokio::spawn(runner::run(
-            CLAIM_CONCURRENCY,
-            receivers.claims,
-            stop.clone(),
-            reconcile_claim,
-        )),
     ]
+}
+
+/// The leases, each reconciled as the cache has it then (one it no longer has is skipped);
+/// every lease after a (re)list (one deleted while the operator was down, with no claim to
+/// trigger it, say), and every lease being deleted, as bulk work: thousands deleted at once
+/// must not hold up a change elsewhere.
+struct Leases(Arc<Context>);
+
+impl Work<LeaseKey> for Leases {
+    fn all(&self) -> Vec<LeaseKey> {
+        self.0
+            .leases
+            .state()
+            .iter()
+            .map(|l| LeaseKey::of(l))
+            .collect()
+    }
+
+    fn is_bulk(&self, key: &LeaseKey) -> bool {
+        let lease = self.0.leases.get(&key.object_ref());
+        lease.is_some_and(|l| l.metadata.deletion_timestamp.is_some())
+    }
+
+    fn reconcile(&self, key: LeaseKey) -> impl Future<Output = Option<Duration>> + Send + 'static {
+        let ctx = self.0.clone();
+        async move {
+            let Some(lease) = ctx.leases.get(&key.object_ref()) else {
+                tracing::debug!(lease = %key, "no such lease");
+                return None;
+            };
+            let action = match lease::reconcile(lease.clone(), ctx.clone()).await {
+                Ok(action) => action,
+                // Logged, counted and reported by the error policy.
+                Err(error) => lease::error_policy(lease, &error, ctx),
+            };
+            action.requeue_after()
+        }
+    }
+}
+
+/// The claims whose lease the cache lacks (sent by the claim feed; no sweep).
+struct MissingLeases(Arc<Context>);
+
+impl Work<ClaimKey> for MissingLeases {
+    fn all(&self) -> Vec<ClaimKey> {
+        vec![]
+    }
+
+    fn is_bulk(&self, _: &ClaimKey) -> bool {
+        false
+    }
+
+    fn reconcile(&self, key: ClaimKey) -> impl Future<Output = Option<Duration>> + Send + 'static {
+        let ctx = self.0.clone();
+        async move { missing_lease::reconcile(&ctx, &key).await }
+    }
 }
 
 fn start_events(
@@ -216,10 +240,8 @@ fn context(
         resync: settings.resync,
         claims_by_lease: memory.claims_by_lease.clone(),
         pods_by_lease: memory.pods_by_lease.clone(),
-        wakeups: memory.wakeups.clone(),
         positions: memory.positions.clone(),
         written: memory.written.clone(),
-        swept: Default::default(),
         records: Default::default(),
         records_ahead: Default::default(),
         admission,
@@ -263,32 +285,6 @@ fn admission_tasks(
         admission::watch::watch(bindings, feed),
         tokio::spawn(keeper),
     ]
-}
-
-/// The lease controller, until `stop`: each triggered lease reconciled as the cache has it
-/// then ([`runner`]); a lease the cache no longer has is skipped (the sweep's count of it is
-/// pruned, as it is for a lease deleted before its turn).
-async fn run_lease_controller(
-    ctx: Arc<Context>,
-    triggers: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
-    stop: CancellationToken,
-) {
-    runner::run(LEASE_CONCURRENCY, triggers, stop, move |key| {
-        let ctx = ctx.clone();
-        async move {
-            let Some(lease) = ctx.leases.get(&key) else {
-                tracing::debug!(lease = %key, "no such lease");
-                return None;
-            };
-            let action = match lease::reconcile(lease.clone(), ctx.clone()).await {
-                Ok(action) => action,
-                // Logged, counted and reported by the error policy.
-                Err(error) => lease::error_policy(lease, &error, ctx),
-            };
-            action.requeue_after()
-        }
-    })
-    .await
 }
 
 /// Waits until every cache has synced, then marks the operator synced (and ready); false if

@@ -1,17 +1,14 @@
 //! What the operator keeps in memory: caches of leases' claims and pods, indexes over them,
-//! the heartbeat clock, the wake-up timers, and the marks of its own writes. Nothing here
+//! the heartbeat clock, and the marks of its own writes. Nothing here
 //! calls the API; the watches in [`runtime`](super::runtime) fill it.
 //!
 //! - [`cache`]: objects by namespace and name; [`claim`], [`pod`], [`followed`]: claims, pods
 //!   and coordination Leases as cached (compact); [`index`]: claims by lease and by pod, pods
 //!   by annotated lease, leases by the Lease they follow.
-//! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock);
-//!   [`wakeups`]: each lease's next reconcile at the latest.
+//! - [`heartbeat`]: when each claim's heartbeat was last seen to change (the expiry clock).
 //! - [`own_writes`]: the operator's writes its caches have not shown yet; [`records`]: token
 //!   records waiting to be written, and read ahead of a first grant; [`positions`]: queue
-//!   positions waiting to be written;
-//!   [`swept`]: leases queued by the sweep or the router, counted by namespace; [`failures`]:
-//!   failed reconciles in a row.
+//!   positions waiting to be written; [`failures`]: failed reconciles in a row.
 
 pub mod cache;
 pub mod claim;
@@ -23,8 +20,6 @@ pub mod own_writes;
 pub mod pod;
 pub mod positions;
 pub mod records;
-pub mod swept;
-pub mod wakeups;
 
 pub use cache::{Cache, Keyed};
 pub use claim::CachedClaim;
@@ -35,8 +30,6 @@ pub use own_writes::OwnWrites;
 pub use pod::CachedPod;
 pub use positions::Positions;
 pub use records::{PendingRecords, RecordsAhead};
-pub use swept::Swept;
-pub use wakeups::Wakeups;
 
 /// Locks `m`, whether or not a holder panicked: nothing here panics while holding a lock in a
 /// way that leaves its data inconsistent, so a poisoned lock's data is used as it is.

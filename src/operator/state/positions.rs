@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::api::{ClaimPhase, FencedLeaseClaimStatus};
-use crate::operator::names::{joined_name, split_name};
+use crate::operator::names::LeaseKey;
 use crate::operator::state::claim::CachedClaimStatus;
 
 /// A lease's queue must be still this long before its positions are written.
@@ -53,7 +53,7 @@ pub fn only_moved(current: Option<&CachedClaimStatus>, desired: &FencedLeaseClai
 /// Position writes waiting, by lease.
 #[derive(Debug, Default)]
 pub struct Positions {
-    inner: Mutex<HashMap<String, Pending>>,
+    inner: Mutex<HashMap<LeaseKey, Pending>>,
     /// A set was left: the writer looks at what is due.
     pub changed: Notify,
 }
@@ -80,7 +80,7 @@ impl Positions {
     /// status; none: nothing to write). Replaces the lease's earlier set, keeping when it
     /// first moved.
     pub fn leave(&self, ns: &str, name: &str, writes: Vec<PositionWrite>, now: Instant) {
-        let key = joined_name(ns, name);
+        let key = LeaseKey::new(ns, name);
         let mut inner = self.lock();
         if writes.is_empty() {
             inner.remove(&key);
@@ -102,7 +102,7 @@ impl Positions {
     /// Takes the sets due at `now`; says when the next of the others comes due.
     pub fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut inner = self.lock();
-        let keys: Vec<String> = inner
+        let keys: Vec<LeaseKey> = inner
             .iter()
             .filter(|(_, p)| is_due(p.first, p.last, now))
             .map(|(k, _)| k.clone())
@@ -111,8 +111,8 @@ impl Positions {
             .into_iter()
             .filter_map(|key| {
                 let pending = inner.remove(&key)?;
-                let (ns, name) = split_name(&key)?;
-                Some((ns.to_string(), name.to_string(), pending.writes))
+                let (ns, name) = (key.namespace().into(), key.name().into());
+                Some((ns, name, pending.writes))
             })
             .collect();
         let next = inner
@@ -124,7 +124,7 @@ impl Positions {
 
     /// Lease `ns/name` is gone: nothing of it to write.
     pub fn forget(&self, ns: &str, name: &str) {
-        self.lock().remove(&joined_name(ns, name));
+        self.lock().remove(&LeaseKey::new(ns, name));
     }
 
     /// Leases with positions waiting.
@@ -136,7 +136,7 @@ impl Positions {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, Pending>> {
         super::locked(&self.inner)
     }
 }

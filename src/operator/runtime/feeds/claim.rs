@@ -7,12 +7,12 @@ use std::time::Instant;
 
 use futures::{Stream, TryStreamExt};
 use kube::api::DynamicObject;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, reconcile, touched};
-use crate::api::{FencedLease, FencedLeaseClaim};
+use crate::api::FencedLeaseClaim;
 use crate::operator::context::Kube;
+use crate::operator::names::LeaseKey;
 use crate::operator::runtime::watch;
 use crate::operator::state::cache::{Writer, map_event};
 use crate::operator::state::heartbeat::{Heartbeats, beat_of};
@@ -75,7 +75,7 @@ fn send_triggers(
     changed: bool,
 ) -> Option<Trigger> {
     if matches!(event, watcher::Event::InitDone) {
-        let _ = triggers.sweeps.try_send(());
+        triggers.leases.sweep();
     }
     if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = event
         && lacks_lease(memory, claim)
@@ -84,7 +84,7 @@ fn send_triggers(
             Keyed::namespace(claim).to_owned(),
             Keyed::name(claim).to_owned(),
         );
-        let _ = triggers.claims.send(key);
+        triggers.claims.reconcile(key);
     }
     // A heartbeat alone only moves the holder's deadline later: the lease's timer already
     // wakes it then, so it costs no reconcile (and no write).
@@ -95,7 +95,7 @@ fn send_triggers(
         .iter()
         .filter_map(|claim| {
             let ns = claim.metadata.namespace.as_deref()?;
-            Some(ObjectRef::new(&claim.spec.lease_name).within(ns))
+            Some(LeaseKey::new(ns, &claim.spec.lease_name))
         })
         .collect();
     reconcile(triggers, leases)
@@ -107,8 +107,8 @@ fn send_triggers(
 fn lacks_lease(memory: &Memory, claim: &CachedClaim) -> bool {
     !memory.leases_listed.load(Ordering::Acquire)
         || claim.metadata.namespace.as_deref().is_none_or(|ns| {
-            let lease = ObjectRef::<FencedLease>::new(&claim.spec.lease_name).within(ns);
-            memory.leases.get(&lease).is_none()
+            let lease = LeaseKey::new(ns, &claim.spec.lease_name);
+            memory.leases.get(&lease.object_ref()).is_none()
         })
 }
 

@@ -7,13 +7,11 @@
 use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::{Memory, Triggers, index_event, last_known, reconcile};
-use crate::api::FencedLease;
 use crate::operator::context::Kube;
-use crate::operator::names::lease_key;
+use crate::operator::names::LeaseKey;
 use crate::operator::runtime::merge;
 use crate::operator::state::cache::{Cache, Writer, map_event};
 use crate::operator::state::followed::CachedLease;
@@ -86,19 +84,19 @@ fn changed_holder<'e>(
 }
 
 /// Every FencedLease that follows a Lease.
-fn all_followers(memory: &Memory) -> Vec<ObjectRef<FencedLease>> {
+fn all_followers(memory: &Memory) -> Vec<LeaseKey> {
     let state = memory.leases.state();
     let following = state.iter().filter(|l| l.spec.follow.is_some());
-    following.map(|l| lease_key(l)).collect()
+    following.map(|l| LeaseKey::of(l)).collect()
 }
 
 /// The FencedLeases that follow `lease`.
-pub fn followers(memory: &Memory, lease: &CachedLease) -> Vec<ObjectRef<FencedLease>> {
+pub fn followers(memory: &Memory, lease: &CachedLease) -> Vec<LeaseKey> {
     let ns = lease.namespace.as_str();
     memory
         .followers
         .get(ns, &lease.name)
         .into_iter()
-        .map(|name| ObjectRef::new(&name).within(ns))
+        .map(|name| LeaseKey::new(ns, &name))
         .collect()
 }

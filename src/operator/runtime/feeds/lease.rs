@@ -14,7 +14,7 @@ use super::{Memory, Triggers, own_writes, reconcile};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::metrics::Metrics;
-use crate::operator::names::lease_key;
+use crate::operator::names::LeaseKey;
 use crate::operator::reconcile::orphans::{Left, Orphan};
 use crate::operator::runtime::watch;
 
@@ -40,7 +40,7 @@ where
             // A change: reconcile that lease now (not the operator's own write: the reconcile
             // that wrote it decided on everything before it).
             let trigger = match event {
-                watcher::Event::Apply(lease) => reconcile(&triggers, vec![lease_key(lease)]),
+                watcher::Event::Apply(lease) => reconcile(&triggers, vec![LeaseKey::of(lease)]),
                 _ => None,
             };
             own_writes(
@@ -56,10 +56,10 @@ where
             );
             index_followers(&memory, event);
             match event {
-                // A (re)list: every lease, paced by the sweep (one sweep pending is enough).
+                // A (re)list: every lease, as bulk work.
                 watcher::Event::InitDone => {
                     memory.leases_listed.store(true, Ordering::Release);
-                    let _ = triggers.sweeps.try_send(());
+                    triggers.leases.sweep();
                 }
                 watcher::Event::Delete(lease) => gone(&memory, &triggers, &metrics, lease),
                 _ => {}
@@ -92,12 +92,11 @@ fn index_followers(memory: &Memory, event: &watcher::Event<FencedLease>) {
     }
 }
 
-/// Forgets a deleted lease's metrics, timer and queue positions, and sends what it left behind
+/// Forgets a deleted lease's metrics and queue positions, and sends what it left behind
 /// (token annotations on pods, its kinds' places in the kinds slots) to be removed.
 fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     metrics.forget_lease(&ns, &name);
-    memory.wakeups.forget(&ns, &name);
     memory.positions.forget(&ns, &name);
     let pods = memory.pods_by_lease.get(&ns, &name).into_iter();
     let left = pods

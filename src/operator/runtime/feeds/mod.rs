@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 
 use futures::{Stream, StreamExt};
 use kube::api::DynamicObject;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -22,58 +22,47 @@ use tracing::warn;
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::metrics::Metrics;
+use crate::operator::names::LeaseKey;
 use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::orphans::Orphan;
+use crate::operator::scheduler::{Commands, Scheduler};
 use crate::operator::state::cache::Writer;
 use crate::operator::state::followed::CachedLease;
 use crate::operator::state::own_writes::{Trigger, fire};
 use crate::operator::state::{
-    Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions, Wakeups,
+    Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions,
 };
 
 /// Where feeds send what their events ask for (cheap to clone).
 #[derive(Clone)]
 pub struct Triggers {
-    /// Leases to reconcile: changes, claim and pod events, wake-ups. Paced by the sweep's
-    /// router when the lease is being deleted.
-    pub leases: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
-    /// Leases whose wake-up is due (a holder's deadline): served first in their namespace.
-    pub due: mpsc::UnboundedSender<ObjectRef<FencedLease>>,
-    /// A (re)list is done: every lease, paced (one request pending is enough).
-    pub sweeps: mpsc::Sender<()>,
+    /// Leases to reconcile (a change; after a (re)list, every lease).
+    pub leases: Scheduler<LeaseKey>,
     /// Claims whose lease the cache lacks.
-    pub claims: mpsc::UnboundedSender<ClaimKey>,
+    pub claims: Scheduler<ClaimKey>,
     /// Token annotations of leases that are gone.
     pub orphans: mpsc::UnboundedSender<Orphan>,
 }
 
 /// The receiving ends of [`Triggers`].
 pub struct Receivers {
-    pub leases: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
-    pub due: mpsc::UnboundedReceiver<ObjectRef<FencedLease>>,
-    pub sweeps: mpsc::Receiver<()>,
-    pub claims: mpsc::UnboundedReceiver<ClaimKey>,
+    pub leases: Commands<LeaseKey>,
+    pub claims: Commands<ClaimKey>,
     pub orphans: mpsc::UnboundedReceiver<Orphan>,
 }
 
 pub fn triggers() -> (Triggers, Receivers) {
-    let (leases, lease_rx) = mpsc::unbounded_channel();
-    let (due, due_rx) = mpsc::unbounded_channel();
-    let (sweeps, sweep_rx) = mpsc::channel(1);
-    let (claims, claim_rx) = mpsc::unbounded_channel();
+    let (leases, lease_commands) = Scheduler::new();
+    let (claims, claim_commands) = Scheduler::new();
     let (orphans, orphan_rx) = mpsc::unbounded_channel();
     let triggers = Triggers {
         leases,
-        due,
-        sweeps,
         claims,
         orphans,
     };
     let receivers = Receivers {
-        leases: lease_rx,
-        due: due_rx,
-        sweeps: sweep_rx,
-        claims: claim_rx,
+        leases: lease_commands,
+        claims: claim_commands,
         orphans: orphan_rx,
     };
     (triggers, receivers)
@@ -99,7 +88,6 @@ pub struct Memory {
     pub followed_by_pod: Arc<Index>,
     pub heartbeats: Arc<Heartbeats>,
     pub written: Arc<OwnWrites>,
-    pub wakeups: Arc<Wakeups>,
     pub positions: Arc<Positions>,
 }
 
@@ -130,7 +118,6 @@ impl Memory {
             followed_by_pod: Arc::default(),
             heartbeats: Arc::default(),
             written: Arc::default(),
-            wakeups: Arc::default(),
             positions: Arc::default(),
         };
         let writers = Writers {
@@ -253,14 +240,14 @@ fn own_writes<K>(
 }
 
 /// A trigger that reconciles `leases`.
-fn reconcile(triggers: &Triggers, leases: Vec<ObjectRef<FencedLease>>) -> Option<Trigger> {
+fn reconcile(triggers: &Triggers, leases: Vec<LeaseKey>) -> Option<Trigger> {
     if leases.is_empty() {
         return None;
     }
-    let send = triggers.leases.clone();
+    let scheduler = triggers.leases.clone();
     Some(Box::new(move || {
         for lease in leases {
-            let _ = send.send(lease);
+            scheduler.reconcile(lease);
         }
     }))
 }

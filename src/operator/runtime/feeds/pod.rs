@@ -6,12 +6,11 @@ use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::{Memory, Triggers, index_event, is_listed, last_known, own_writes, reconcile, touched};
-use crate::api::FencedLease;
 use crate::operator::context::Kube;
+use crate::operator::names::LeaseKey;
 use crate::operator::reconcile::orphans::{Left, Orphan};
 use crate::operator::runtime::merge;
 use crate::operator::state::CachedPod;
@@ -46,15 +45,17 @@ pub fn feed(
             CachedPod::leases,
         );
         if matches!(event, watcher::Event::InitDone) {
-            let _ = triggers.sweeps.try_send(());
+            triggers.leases.sweep();
         }
         let mut reconciles = vec![];
         for pod in touched(event) {
             for lease in leases_of_pod(&memory, pod) {
-                if memory.leases.get(&lease).is_none() && pod.token(&lease.name).is_some() {
+                if memory.leases.get(&lease.object_ref()).is_none()
+                    && pod.token(lease.name()).is_some()
+                {
                     let _ = triggers.orphans.send(Orphan {
-                        namespace: lease.namespace.clone().unwrap_or_default(),
-                        lease: lease.name.clone(),
+                        namespace: lease.namespace().to_owned(),
+                        lease: lease.name().to_owned(),
                         left: Left::Annotation {
                             pod: pod.name.clone(),
                         },
@@ -79,25 +80,25 @@ pub fn feed(
 /// Leases a pod event concerns: those it carries a token annotation of, those whose claims
 /// name it, and those following a Lease its holder identity may name it by (found by index,
 /// not by a scan of every claim or Lease).
-fn leases_of_pod(memory: &Memory, pod: &CachedPod) -> Vec<ObjectRef<FencedLease>> {
+fn leases_of_pod(memory: &Memory, pod: &CachedPod) -> Vec<LeaseKey> {
     let (ns, name) = (pod.namespace.as_str(), pod.name.as_str());
     let annotated = pod
         .leases()
         .into_iter()
-        .map(|lease| ObjectRef::new(&lease).within(ns));
+        .map(|lease| LeaseKey::new(ns, &lease));
     let claimed = memory
         .claims_by_pod
         .get(ns, name)
         .into_iter()
         .filter_map(|claim| memory.claims.get(ns, &claim))
         .filter(|c| c.spec.pod_name.as_deref() == Some(name))
-        .map(|c| ObjectRef::new(&c.spec.lease_name).within(ns));
+        .map(|c| LeaseKey::new(ns, &c.spec.lease_name));
     // Those that follow a coordination Lease whose holder this pod may be.
     let followed = memory
         .followed_by_pod
         .get(ns, name)
         .into_iter()
         .flat_map(|lease| memory.followers.get(ns, &lease))
-        .map(|lease| ObjectRef::new(&lease).within(ns));
+        .map(|lease| LeaseKey::new(ns, &lease));
     annotated.chain(claimed).chain(followed).collect()
 }
