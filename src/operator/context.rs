@@ -1,4 +1,4 @@
-//! The handles the reconcilers share: the API, the caches and indexes, and where Events and
+//! The handles the reconcilers share: the API, what the watches fill, and where Events and
 //! metrics go. Nothing here acts; each room takes the handles it needs.
 
 use std::sync::Arc;
@@ -6,17 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kube::Client;
-use kube::runtime::reflector::Store;
 
 use super::admission::Admission;
 use super::events::Events;
 use super::metrics::Metrics;
-use super::state::followed::CachedLease;
-use super::state::{
-    Cache, CachedClaim, CachedPod, Failures, Heartbeats, Index, OwnWrites, PendingRecords,
-    Positions, RecordsAhead,
-};
-use crate::api::FencedLease;
+use super::state::{Failures, Memory, PendingRecords, RecordsAhead};
 
 /// The API, and the deadline of each call to it: all a component that only reads and writes
 /// objects needs.
@@ -27,43 +21,30 @@ pub struct Kube {
     pub timeout: Duration,
 }
 
-/// What every reconcile needs.
+/// What every reconcile needs: handles, cheap to share.
 pub struct Context {
     pub kube: Kube,
-    pub leases: Store<FencedLease>,
-    pub claims: Cache<CachedClaim>,
-    /// Pods as [`CachedPod`]: existence, UID and token annotations are all the operator reads.
-    pub pods: Cache<CachedPod>,
-    /// Coordination Leases, which leases with `spec.follow` follow: holder and transitions.
-    pub followed: Cache<CachedLease>,
-    pub heartbeats: Arc<Heartbeats>,
+    /// The caches, indexes and clocks the watches fill.
+    pub memory: Memory,
     /// Events are queued here and published in the background, never awaited.
     pub events: Events,
     pub metrics: Arc<Metrics>,
-    /// Namespace of the operator's own state (the token records).
-    pub state_namespace: String,
-    /// All caches have synced: until then no decision is taken (a pod missing from an
-    /// unsynced cache is not a deleted pod).
-    pub synced: AtomicBool,
-    /// Consecutive failed reconciles per lease, for backoff and one Event per cause.
-    pub failures: Failures,
-    /// Every lease is reconciled at least this often (± a quarter, so that thousands of
-    /// leases do not all come due at once), as a safety net.
-    pub resync: Duration,
-    /// Claims by the lease they ask for.
-    pub claims_by_lease: Arc<Index>,
-    /// Pods by the leases whose token annotation they carry.
-    pub pods_by_lease: Arc<Index>,
-    /// Queue positions waiting to be written, off the hand-over's path.
-    pub positions: Arc<Positions>,
-    /// Versions of leases and claims this operator wrote over that its caches still show.
-    pub written: Arc<OwnWrites>,
     /// The admission objects of the fence, as watched: whether a lease's fence is in force.
     pub admission: Admission,
+    /// Consecutive failed reconciles per lease, for backoff and one Event per cause.
+    pub failures: Failures,
     /// Token records waiting to be written, one write per ConfigMap at a time.
     pub records: PendingRecords,
     /// Token records read when a lease was first seen, for its first grant.
     pub records_ahead: RecordsAhead,
+    /// Namespace of the operator's own state (the token records).
+    pub state_namespace: String,
+    /// Every lease is reconciled at least this often (± a quarter, so that thousands of
+    /// leases do not all come due at once), as a safety net.
+    pub resync: Duration,
+    /// All caches have synced: until then no decision is taken (a pod missing from an
+    /// unsynced cache is not a deleted pod).
+    pub synced: AtomicBool,
 }
 
 impl Context {

@@ -55,7 +55,7 @@ pub async fn repair(
             status,
         })
         .collect();
-    ctx.positions.leave(ns, name, moves, Instant::now());
+    ctx.memory.positions.leave(ns, name, moves, Instant::now());
     write_all(ctx, &api, now, (ns, name)).await
 }
 
@@ -117,7 +117,7 @@ fn to_write(
         // A claim whose cached copy this operator has already written over: its watch event
         // is on its way and reconciles the lease again; writing now would repeat.
         .filter(|c| {
-            !ctx.written.is_superseded(
+            !ctx.memory.written.is_superseded(
                 c.metadata.uid.as_deref(),
                 c.metadata.resource_version.as_deref(),
             )
@@ -129,7 +129,7 @@ fn to_write(
         .filter_map(|c| {
             let held = holder.filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()));
             let granted_to = held.and_then(|h| h.pod_uid.as_deref());
-            let presence = pods::presence(&c, &ctx.pods, granted_to);
+            let presence = pods::presence(&c, &ctx.memory.pods, granted_to);
             statuses.change(&c, presence).map(|desired| (c, desired))
         })
         .collect();
@@ -182,6 +182,7 @@ pub async fn write(
     );
     let meta = &claim.metadata;
     match ctx
+        .memory
         .written
         .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await

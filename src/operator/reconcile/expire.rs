@@ -93,11 +93,11 @@ pub async fn confirm_and_expire(
         return Ok(Confirmed::Expired);
     }
     let beat = beat_of(&claim.spec);
-    if ctx.heartbeats.moved_since(uid, beat, silent.seen_at) {
+    if ctx.memory.heartbeats.moved_since(uid, beat, silent.seen_at) {
         // The cache missed a heartbeat (a partition, a pause, a lagging watch), or the watch
         // brought one after the decision: the claim renewed after the operator last looked.
         // It gets a full term from now.
-        ctx.heartbeats.observe(uid, beat, now);
+        ctx.memory.heartbeats.observe(uid, beat, now);
         info!(
             lease,
             namespace = ns,
@@ -121,7 +121,7 @@ fn known_copy(
 ) -> Option<FencedLeaseClaim> {
     let known = match fresh.get(silent.uid) {
         Some(read) => Arc::new(read.clone()?),
-        None => ctx.claims.get(ns, silent.name)?,
+        None => ctx.memory.claims.get(ns, silent.name)?,
     };
     let final_phase = known
         .status
@@ -131,7 +131,10 @@ fn known_copy(
     if known.metadata.uid.as_deref() != Some(silent.uid)
         || known.metadata.resource_version.is_none()
         || final_phase
-        || ctx.heartbeats.moved_since(silent.uid, beat, silent.seen_at)
+        || ctx
+            .memory
+            .heartbeats
+            .moved_since(silent.uid, beat, silent.seen_at)
     {
         return None;
     }
@@ -175,7 +178,7 @@ async fn expire(
         ctx.kube.timeout,
         api.replace_status(&name, &params, &update),
     );
-    match ctx.written.around(Some(&uid), before, write).await {
+    match ctx.memory.written.around(Some(&uid), before, write).await {
         Ok(written) => {
             if let Some(deadline) = silent.deadline {
                 let delay = Instant::now().saturating_duration_since(deadline);

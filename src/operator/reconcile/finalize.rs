@@ -131,7 +131,7 @@ async fn holders_may_believe(
             .as_ref()
             .and_then(|s| s.lease_duration_seconds)
             .map_or(lease_term, |d| duration_from_seconds(d).max(lease_term));
-        let end = ctx.heartbeats.last_change(uid, now) + term;
+        let end = ctx.memory.heartbeats.last_change(uid, now) + term;
         until = until.max(Some(end));
     }
     Ok(until

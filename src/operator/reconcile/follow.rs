@@ -13,7 +13,7 @@ use crate::operator::state::followed::CachedLease;
 
 /// The followed Lease `ns/name` as the caches have it.
 pub fn cached(ctx: &Context, ns: &str, name: &str) -> Followed {
-    let lease = ctx.followed.get(ns, name);
+    let lease = ctx.memory.followed.get(ns, name);
     resolve(ctx, lease.as_deref())
 }
 
@@ -32,7 +32,7 @@ fn resolve(ctx: &Context, lease: Option<&CachedLease>) -> Followed {
     };
     let sought = lease.holder_pods();
     let pod = sought.iter().find_map(|name| {
-        let pod = ctx.pods.get(&lease.namespace, name)?;
+        let pod = ctx.memory.pods.get(&lease.namespace, name)?;
         Some((pod.name.clone(), pod.uid.clone()?))
     });
     Followed::Lease {

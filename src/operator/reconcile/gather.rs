@@ -70,7 +70,7 @@ fn views(
             let confirmed = c.metadata.uid.as_ref().and_then(|u| reads.pods.get(u));
             let pod = confirmed
                 .copied()
-                .unwrap_or_else(|| pods::presence(c, &ctx.pods, granted_to));
+                .unwrap_or_else(|| pods::presence(c, &ctx.memory.pods, granted_to));
             claim_view(ctx, c, pod, now)
         })
         .collect()
@@ -120,7 +120,7 @@ fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     ClaimView {
         name: claim.name_any(),
-        last_beat: ctx.heartbeats.last_change(&uid, now),
+        last_beat: ctx.memory.heartbeats.last_change(&uid, now),
         uid,
         created: claim
             .metadata
@@ -135,10 +135,11 @@ fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant
 
 /// The claims of lease `ns/lease` in the cache, found by index.
 pub fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> {
-    ctx.claims_by_lease
+    ctx.memory
+        .claims_by_lease
         .get(ns, lease)
         .into_iter()
-        .filter_map(|name| ctx.claims.get(ns, &name))
+        .filter_map(|name| ctx.memory.claims.get(ns, &name))
         .filter(|c| c.spec.lease_name == lease)
         .collect()
 }

@@ -83,7 +83,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     if lease.metadata.deletion_timestamp.is_some() {
         return finalize::finalize(ctx, &api, &lease, &ns, &name).await;
     }
-    if ctx.written.is_superseded(
+    if ctx.memory.written.is_superseded(
         lease.metadata.uid.as_deref(),
         lease.metadata.resource_version.as_deref(),
     ) {
@@ -191,6 +191,7 @@ async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, err
     );
     let meta = &lease.metadata;
     if let Err(e) = ctx
+        .memory
         .written
         .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await

@@ -10,7 +10,12 @@ use crate::operator::error::{Result, timed};
 /// Does lease `ns/name` exist? A lease the cache has exists; one it lacks may have been
 /// created a moment ago, so only the API may say it does not.
 pub async fn lease_exists(ctx: &Context, ns: &str, name: &str) -> Result<bool> {
-    if ctx.leases.get(&ObjectRef::new(name).within(ns)).is_some() {
+    if ctx
+        .memory
+        .leases
+        .get(&ObjectRef::new(name).within(ns))
+        .is_some()
+    {
         return Ok(true);
     }
     let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), ns);

@@ -24,7 +24,7 @@ type Again = Option<Duration>;
 
 /// The claim `key` names, reconciled if the cache still has it; when to look again.
 pub async fn reconcile(ctx: &Context, key: &ClaimKey) -> Again {
-    let claim = ctx.claims.get(&key.0, &key.1)?;
+    let claim = ctx.memory.claims.get(&key.0, &key.1)?;
     match reconcile_claim(&claim, ctx).await {
         Ok(again) => {
             ctx.failures.succeeded(&failure_key(&claim));
@@ -73,7 +73,8 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
             api.patch_status(&name, &params, &patch),
         );
         let meta = &claim.metadata;
-        ctx.written
+        ctx.memory
+            .written
             .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
             .await?;
     }

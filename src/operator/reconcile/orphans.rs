@@ -72,7 +72,7 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::erro
         Left::FenceSlots => return Ok(()),
     };
     let key = token_annotation_key(lease);
-    let Some(cached) = ctx.pods.get(ns, pod) else {
+    let Some(cached) = ctx.memory.pods.get(ns, pod) else {
         return Ok(());
     };
     if cached.token(lease).is_none() {

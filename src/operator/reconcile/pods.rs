@@ -102,19 +102,20 @@ pub async fn repair_annotations(
     };
 
     // The annotated pods (by index) and the holder's pod: never a scan of every pod.
-    let mut names = ctx.pods_by_lease.get(ns, lease_name);
+    let mut names = ctx.memory.pods_by_lease.get(ns, lease_name);
     names.extend(wanted.as_ref().map(|(name, _, _)| name.clone()));
     names.sort();
     names.dedup();
     let pods = names
         .iter()
-        .filter_map(|name| ctx.pods.get(ns, name))
+        .filter_map(|name| ctx.memory.pods.get(ns, name))
         .filter(|p| p.token(lease_name).is_some() || is_wanted(p));
     let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
     for pod in pods {
         // The cache has not shown this operator's own last write of the pod yet: that write
         // already did what this one would. The pod's event brings the next reconcile.
         if ctx
+            .memory
             .written
             .is_superseded(pod.uid.as_deref(), pod.resource_version.as_deref())
         {
@@ -153,7 +154,7 @@ pub async fn set_annotation(
         api.patch_metadata(name, &params, &patch),
     );
     let (uid, before) = (pod.uid.as_deref(), pod.resource_version.as_deref());
-    match ctx.written.around(uid, before, write).await {
+    match ctx.memory.written.around(uid, before, write).await {
         Ok(_) => Ok(()),
         // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of
         // another UID, which the precondition kept us from writing ("metadata.uid: field is

@@ -32,7 +32,7 @@ pub const PACE: Duration = Duration::from_millis(10);
 pub async fn write_due(ctx: Arc<Context>, again: Scheduler<LeaseKey>, stop: CancellationToken) {
     let mut pace = Pace(Instant::now());
     loop {
-        let (due, next) = ctx.positions.take_due(Instant::now());
+        let (due, next) = ctx.memory.positions.take_due(Instant::now());
         for (ns, lease, writes) in due {
             let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
             for write in writes {
@@ -60,7 +60,7 @@ pub async fn write_due(ctx: Arc<Context>, again: Scheduler<LeaseKey>, stop: Canc
         let wake = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ctx.positions.changed.notified() => {}
+            _ = ctx.memory.positions.changed.notified() => {}
             _ = tokio::time::sleep_until(wake) => {}
         }
     }
@@ -85,10 +85,10 @@ async fn write_one(
     status: &FencedLeaseClaimStatus,
     pace: &mut Pace,
 ) -> Result<()> {
-    let Some(claim) = ctx.claims.get(ns, name) else {
+    let Some(claim) = ctx.memory.claims.get(ns, name) else {
         return Ok(()); // gone
     };
-    let stale = ctx.written.is_superseded(
+    let stale = ctx.memory.written.is_superseded(
         claim.metadata.uid.as_deref(),
         claim.metadata.resource_version.as_deref(),
     );

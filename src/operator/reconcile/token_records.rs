@@ -325,6 +325,7 @@ async fn patch_finalizers(
     );
     let meta = &lease.metadata;
     match ctx
+        .memory
         .written
         .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await

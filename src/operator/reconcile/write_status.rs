@@ -177,7 +177,7 @@ fn decide_round<'g>(
     });
     let term = status::Term {
         duration_seconds: lease.spec.lease_duration_seconds,
-        pod_uid: granted.and_then(|c| pods::pod_uid(c, &ctx.pods)),
+        pod_uid: granted.and_then(|c| pods::pod_uid(c, &ctx.memory.pods)),
     };
     let refs: Vec<&CachedClaim> = claims.iter().map(|c| c.as_ref()).collect();
     let generation = lease.metadata.generation;
@@ -330,6 +330,7 @@ async fn write(
     );
     let meta = &lease.metadata;
     match ctx
+        .memory
         .written
         .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
         .await

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::feeds::{self, Memory, Receivers, Triggers};
+use super::feeds::{self, Receivers, Triggers};
 use crate::operator::admission::{self, Admission};
 use crate::operator::context::{Context, Kube};
 use crate::operator::error::truncate;
@@ -35,6 +35,7 @@ use crate::operator::names::LeaseKey;
 use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::{lease, missing_lease, orphans, positions};
 use crate::operator::scheduler::{self, Config, Work};
+use crate::operator::state::Memory;
 
 /// Settings of one operator run.
 #[derive(Clone, Debug)]
@@ -149,23 +150,19 @@ struct Leases(Arc<Context>);
 
 impl Work<LeaseKey> for Leases {
     fn all(&self) -> Vec<LeaseKey> {
-        self.0
-            .leases
-            .state()
-            .iter()
-            .map(|l| LeaseKey::of(l))
-            .collect()
+        let leases = self.0.memory.leases.state();
+        leases.iter().map(|l| LeaseKey::of(l)).collect()
     }
 
     fn is_bulk(&self, key: &LeaseKey) -> bool {
-        let lease = self.0.leases.get(&key.object_ref());
+        let lease = self.0.memory.leases.get(&key.object_ref());
         lease.is_some_and(|l| l.metadata.deletion_timestamp.is_some())
     }
 
     fn reconcile(&self, key: LeaseKey) -> impl Future<Output = Option<Duration>> + Send + 'static {
         let ctx = self.0.clone();
         async move {
-            let Some(lease) = ctx.leases.get(&key.object_ref()) else {
+            let Some(lease) = ctx.memory.leases.get(&key.object_ref()) else {
                 tracing::debug!(lease = %key, "no such lease");
                 return None;
             };
@@ -227,24 +224,16 @@ fn context(
 ) -> Arc<Context> {
     Arc::new(Context {
         kube: kube.clone(),
-        leases: memory.leases.clone(),
-        claims: memory.claims.clone(),
-        pods: memory.pods.clone(),
-        followed: memory.followed.clone(),
-        heartbeats: memory.heartbeats.clone(),
+        memory: memory.clone(),
         events,
         metrics,
-        state_namespace: settings.state_namespace.clone(),
-        synced: Default::default(),
+        admission,
         failures: Default::default(),
-        resync: settings.resync,
-        claims_by_lease: memory.claims_by_lease.clone(),
-        pods_by_lease: memory.pods_by_lease.clone(),
-        positions: memory.positions.clone(),
-        written: memory.written.clone(),
         records: Default::default(),
         records_ahead: Default::default(),
-        admission,
+        state_namespace: settings.state_namespace.clone(),
+        resync: settings.resync,
+        synced: Default::default(),
     })
 }
 
@@ -267,7 +256,7 @@ fn admission_tasks(
     let (synced, watched) = (ctx.clone(), fence.clone());
     let keeper = admission::sync::run(
         fence.clone(),
-        ctx.leases.clone(),
+        ctx.memory.leases.clone(),
         writer,
         again.clone(),
         move || synced.is_synced() && watched.is_ready(),
@@ -276,7 +265,7 @@ fn admission_tasks(
     let feed = admission::watch::Feed {
         client: client.clone(),
         admission: fence.clone(),
-        leases: ctx.leases.clone(),
+        leases: ctx.memory.leases.clone(),
         triggers: again.clone(),
         stop: stop.clone(),
     };

@@ -21,8 +21,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use self::queue::Queue;
@@ -174,6 +174,12 @@ pub async fn run<K: Key, W: Work<K>>(
                     timers.at_latest(key, Instant::now() + after);
                 }
             }
+            // A due timer before the commands: thousands of triggers at once (a mass deletion)
+            // must not hold up a holder's deadline.
+            Some(key) = timers.next(), if !timers.is_empty() => {
+                let priority = if work.is_bulk(&key) { Priority::Bulk } else { Priority::Due };
+                queue.trigger(key, priority);
+            }
             command = commands.recv() => match command {
                 Some(Command::Trigger(key, priority)) => {
                     let priority = if work.is_bulk(&key) { Priority::Bulk } else { priority };
@@ -182,10 +188,6 @@ pub async fn run<K: Key, W: Work<K>>(
                 Some(Command::Sweep) => sweep = true,
                 None => break,
             },
-            Some(key) = timers.next(), if !timers.is_empty() => {
-                let priority = if work.is_bulk(&key) { Priority::Bulk } else { Priority::Due };
-                queue.trigger(key, priority);
-            }
         }
     }
     while running.next().await.is_some() {}

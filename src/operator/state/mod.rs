@@ -2,6 +2,7 @@
 //! the heartbeat clock, and the marks of its own writes. Nothing here
 //! calls the API; the watches in [`runtime`](super::runtime) fill it.
 //!
+//! - [`memory`]: all of it, as the reconcilers read it.
 //! - [`cache`]: objects by namespace and name; [`claim`], [`pod`], [`followed`]: claims, pods
 //!   and coordination Leases as cached (compact); [`index`]: claims by lease and by pod, pods
 //!   by annotated lease, leases by the Lease they follow.
@@ -16,6 +17,7 @@ pub mod failures;
 pub mod followed;
 pub mod heartbeat;
 pub mod index;
+pub mod memory;
 pub mod own_writes;
 pub mod pod;
 pub mod positions;
@@ -26,6 +28,7 @@ pub use claim::CachedClaim;
 pub use failures::Failures;
 pub use heartbeat::Heartbeats;
 pub use index::Index;
+pub use memory::{Memory, Writers};
 pub use own_writes::OwnWrites;
 pub use pod::CachedPod;
 pub use positions::Positions;

@@ -8,30 +8,23 @@ pub mod lease;
 pub mod pod;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use futures::{Stream, StreamExt};
 use kube::api::DynamicObject;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::metrics::Metrics;
 use crate::operator::names::LeaseKey;
 use crate::operator::reconcile::missing_lease::ClaimKey;
 use crate::operator::reconcile::orphans::Orphan;
 use crate::operator::scheduler::{Commands, Scheduler};
-use crate::operator::state::cache::Writer;
-use crate::operator::state::followed::CachedLease;
 use crate::operator::state::own_writes::{Trigger, fire};
-use crate::operator::state::{
-    Cache, CachedClaim, CachedPod, Heartbeats, Index, Keyed, OwnWrites, Positions,
-};
+use crate::operator::state::{Cache, Index, Keyed, Memory, OwnWrites, Writers};
 
 /// Where feeds send what their events ask for (cheap to clone).
 #[derive(Clone)]
@@ -66,68 +59,6 @@ pub fn triggers() -> (Triggers, Receivers) {
         orphans: orphan_rx,
     };
     (triggers, receivers)
-}
-
-/// What the feeds fill and the reconcilers read.
-#[derive(Clone)]
-pub struct Memory {
-    /// kube-runtime's store, which the lease controller reads.
-    pub leases: Store<FencedLease>,
-    /// The leases have been listed (the lease cache is ready).
-    pub leases_listed: Arc<AtomicBool>,
-    pub claims: Cache<CachedClaim>,
-    pub pods: Cache<CachedPod>,
-    /// Coordination Leases (`spec.follow`).
-    pub followed: Cache<CachedLease>,
-    pub claims_by_lease: Arc<Index>,
-    pub claims_by_pod: Arc<Index>,
-    pub pods_by_lease: Arc<Index>,
-    /// FencedLeases by the coordination Lease they follow.
-    pub followers: Arc<Index>,
-    /// Coordination Leases by the pod names their holder identity may stand for.
-    pub followed_by_pod: Arc<Index>,
-    pub heartbeats: Arc<Heartbeats>,
-    pub written: Arc<OwnWrites>,
-    pub positions: Arc<Positions>,
-}
-
-/// The writing ends of [`Memory`]'s caches, one per feed.
-pub struct Writers {
-    pub leases: reflector::store::Writer<FencedLease>,
-    pub claims: Writer<CachedClaim>,
-    pub pods: Writer<CachedPod>,
-    pub followed: Writer<CachedLease>,
-}
-
-impl Memory {
-    pub fn new() -> (Memory, Writers) {
-        let (leases, lease_writer) = reflector::store();
-        let (claims, claim_writer) = Cache::new();
-        let (pods, pod_writer) = Cache::new();
-        let (followed, followed_writer) = Cache::new();
-        let memory = Memory {
-            leases,
-            leases_listed: Arc::default(),
-            claims,
-            pods,
-            followed,
-            claims_by_lease: Arc::default(),
-            claims_by_pod: Arc::default(),
-            pods_by_lease: Arc::default(),
-            followers: Arc::default(),
-            followed_by_pod: Arc::default(),
-            heartbeats: Arc::default(),
-            written: Arc::default(),
-            positions: Arc::default(),
-        };
-        let writers = Writers {
-            leases: lease_writer,
-            claims: claim_writer,
-            pods: pod_writer,
-            followed: followed_writer,
-        };
-        (memory, writers)
-    }
 }
 
 /// Starts the four feeds of `namespaces` (all when empty), until `stop`.
