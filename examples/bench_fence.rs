@@ -48,6 +48,11 @@ use serde_json::json;
 
 type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
+#[path = "bench/common.rs"]
+mod common;
+
+use common::Results;
+
 /// Benchmark the fences against the control plane KUBECONFIG points at, and the PostgreSQL and
 /// Redis of FL_POSTGRES_URL and FL_REDIS_URL.
 #[derive(Parser)]
@@ -64,26 +69,25 @@ struct Args {
     /// Directory for every sample of the two windows.
     #[arg(long, default_value = "/tmp/fenced-lease-bench")]
     log_dir: PathBuf,
+    /// Append result rows here (tab-separated; hack/bench renders them).
+    #[arg(long)]
+    results: Option<PathBuf>,
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn report(what: &str, samples: &mut [Duration]) {
-    samples.sort();
-    let n = samples.len();
-    println!(
-        "{what:<56} n={n:<5} median {:>7.3} ms   p99 {:>7.3} ms   worst {:>7.3} ms",
-        ms(samples[n / 2]),
-        ms(samples[(n * 99).div_ceil(100).saturating_sub(1)]),
-        ms(samples[n - 1]),
-    );
+/// Prints `samples` of `system`'s figure `what` (median, p99, worst) and adds its row.
+fn report(results: &Results, system: &str, what: &str, samples: &[Duration], note: &str) {
+    let samples: Vec<f64> = samples.iter().map(|d| ms(*d)).collect();
+    results.samples("fence", system, what, &samples, "ms", note);
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    let results = Results::new(args.results.clone());
     let client = Client::try_default().await?;
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     if policies.get_opt(LEASE_POLICY).await?.is_none() {
@@ -101,12 +105,12 @@ async fn main() -> Result<()> {
         log,
         "rule\tsample\twindow_ms\tprobes\tgrant_write_ms\tprobe_before_ms"
     )?;
-    lease_window(&client, args.samples, &mut log).await?;
-    identity_window(&client, args.identity_samples, &mut log).await?;
+    lease_window(&client, args.samples, &mut log, &results).await?;
+    identity_window(&client, args.identity_samples, &mut log, &results).await?;
     log.flush()?;
     println!("  (every sample: {})", path.display());
-    postgres_cost(args.writes).await?;
-    redis_cost(args.writes).await?;
+    postgres_cost(args.writes, &results).await?;
+    redis_cost(args.writes, &results).await?;
     Ok(())
 }
 
@@ -214,14 +218,25 @@ fn dry_run() -> PostParams {
     }
 }
 
-async fn lease_window(client: &Client, samples: usize, log: &mut Log) -> Result<()> {
+async fn lease_window(
+    client: &Client,
+    samples: usize,
+    log: &mut Log,
+    results: &Results,
+) -> Result<()> {
     in_namespace(client, |ns| async move {
-        measure_window(client, &ns, samples, log).await
+        measure_window(client, &ns, samples, log, results).await
     })
     .await
 }
 
-async fn measure_window(client: &Client, ns: &str, samples: usize, log: &mut Log) -> Result<()> {
+async fn measure_window(
+    client: &Client,
+    ns: &str,
+    samples: usize,
+    log: &mut Log,
+    results: &Results,
+) -> Result<()> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
     let lease: FencedLease = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
@@ -295,13 +310,11 @@ async fn measure_window(client: &Client, ns: &str, samples: usize, log: &mut Log
         windows.push(window);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    report(
-        "lease rule: grant written -> lower token refused",
-        &mut windows,
+    let note = format!(
+        "the first probe sent after the grant's write was answered was already refused in {first_probe_refused} of {samples}"
     );
-    println!(
-        "  (the first probe sent after the write was answered was already refused in {first_probe_refused} of {samples}: the window is shorter than one probe's round trip)"
-    );
+    let what = "lease rule: grant written -> lower token refused";
+    report(results, "token rule", what, &windows, &note);
     Ok(())
 }
 
@@ -412,9 +425,14 @@ impl WriterPod {
     }
 }
 
-async fn identity_window(client: &Client, samples: usize, log: &mut Log) -> Result<()> {
+async fn identity_window(
+    client: &Client,
+    samples: usize,
+    log: &mut Log,
+    results: &Results,
+) -> Result<()> {
     in_namespace(client, |ns| async move {
-        measure_identity_window(client, &ns, samples, log).await
+        measure_identity_window(client, &ns, samples, log, results).await
     })
     .await
 }
@@ -424,6 +442,7 @@ async fn measure_identity_window(
     ns: &str,
     samples: usize,
     log: &mut Log,
+    results: &Results,
 ) -> Result<()> {
     let writers = writer_pods(client, ns).await?;
     let fence: FenceSpec =
@@ -491,25 +510,35 @@ async fn measure_identity_window(
         round_trips.push(sent - before);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let note = format!(
+        "hand-overs between two pods, each way in turn; the first probe sent after the grant's write was answered was already refused in {first_probe_refused} of {samples}"
+    );
+    let system = "identity rule";
     report(
-        "identity rule: grant written -> old holder pod refused",
-        &mut windows,
+        results,
+        system,
+        "grant written -> old holder's pod refused",
+        &windows,
+        &note,
     );
     report(
-        "identity rule: grant sent -> old holder pod refused",
-        &mut from_sent,
+        results,
+        system,
+        "grant sent -> old holder's pod refused",
+        &from_sent,
+        "",
     );
     report(
-        "identity rule: one write by the holder pod",
-        &mut round_trips,
-    );
-    println!(
-        "  (hand-overs between two pods, each way in turn; the first probe sent after the grant's write was answered was already refused in {first_probe_refused} of {samples}: in those the window was shorter than one probe's round trip)"
+        results,
+        system,
+        "one write by the holder's pod",
+        &round_trips,
+        "for scale",
     );
     Ok(())
 }
 
-async fn postgres_cost(writes: usize) -> Result<()> {
+async fn postgres_cost(writes: usize, results: &Results) -> Result<()> {
     let url = std::env::var("FL_POSTGRES_URL").map_err(|_| "FL_POSTGRES_URL is not set")?;
     let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
@@ -550,20 +579,27 @@ async fn postgres_cost(writes: usize) -> Result<()> {
         unguarded_tx.push(started.elapsed());
     }
     db.batch_execute(&format!("DROP TABLE {table}")).await?;
+    let pg = "PostgreSQL";
     report(
-        "PostgreSQL UPDATE, guarded (fence_token <= $t)",
-        &mut guarded,
+        results,
+        pg,
+        "UPDATE, guarded",
+        &guarded,
+        "fence_token <= $t in the WHERE",
     );
-    report("PostgreSQL UPDATE, unguarded", &mut unguarded);
+    report(results, pg, "UPDATE, unguarded", &unguarded, "");
     report(
-        "PostgreSQL transaction, guarded (row locked)",
-        &mut guarded_tx,
+        results,
+        pg,
+        "transaction, guarded",
+        &guarded_tx,
+        "the row locked first",
     );
-    report("PostgreSQL transaction, unguarded", &mut unguarded_tx);
+    report(results, pg, "transaction, unguarded", &unguarded_tx, "");
     Ok(())
 }
 
-async fn redis_cost(writes: usize) -> Result<()> {
+async fn redis_cost(writes: usize, results: &Results) -> Result<()> {
     let url = std::env::var("FL_REDIS_URL").map_err(|_| "FL_REDIS_URL is not set")?;
     let mut conn = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
@@ -590,7 +626,7 @@ async fn redis_cost(writes: usize) -> Result<()> {
         .arg(fence_key)
         .exec_async(&mut conn)
         .await?;
-    report("Redis SET, guarded (Lua script)", &mut guarded);
-    report("Redis SET, unguarded", &mut unguarded);
+    report(results, "Redis", "SET, guarded", &guarded, "the Lua script");
+    report(results, "Redis", "SET, unguarded", &unguarded, "");
     Ok(())
 }

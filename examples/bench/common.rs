@@ -233,11 +233,12 @@ impl Results {
     }
 }
 
+/// Three significant digits at most, so that a fraction of a millisecond keeps two.
 fn fmt(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
+    match v.abs() {
+        a if a >= 100.0 => format!("{v:.0}"),
+        a if a >= 1.0 || a == 0.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
     }
 }
 
