@@ -124,14 +124,6 @@ impl Heartbeats {
         self.lock().remove(uid);
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         // A panic while holding this lock cannot leave the map inconsistent: use it anyway.
         super::locked(&self.seen)

@@ -76,15 +76,6 @@ impl Index {
         }
     }
 
-    /// Entries (object, key) in the index.
-    pub fn len(&self) -> usize {
-        self.lock().keys_of.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         super::locked(&self.inner)
     }
@@ -118,7 +109,7 @@ mod tests {
         assert_eq!(index.get("ns", "l2"), ["a"]);
         index.remove("ns", "b");
         assert!(index.get("ns", "l1").is_empty());
-        assert_eq!(index.len(), 2);
+        assert_eq!(index.lock().keys_of.len(), 2);
         // A name that is a prefix of another is not confused with it.
         index.set("ns", "a-1", vec!["l2".into()]);
         index.remove("ns", "a");

@@ -223,13 +223,10 @@ impl OwnWrites {
         }
     }
 
-    /// Objects with a write the caches have not shown yet.
-    pub fn len(&self) -> usize {
-        locked(&self.writes).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// No object has a write the caches have not shown yet.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        locked(&self.writes).is_empty()
     }
 }
 

@@ -127,15 +127,6 @@ impl Positions {
         self.lock().remove(&LeaseKey::new(ns, name));
     }
 
-    /// Leases with positions waiting.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, Pending>> {
         super::locked(&self.inner)
     }
@@ -217,7 +208,7 @@ mod tests {
         let names: Vec<_> = writes.iter().map(|w| w.claim.as_str()).collect();
         assert_eq!(names, ["b"]);
         assert_eq!(next, None);
-        assert!(p.is_empty());
+        assert!(p.lock().is_empty());
 
         // Moving every QUIET/2: written at MAX_AGE after the first move, not never.
         let mut at = t0;
@@ -234,7 +225,7 @@ mod tests {
         let t0 = Instant::now();
         p.leave("ns", "l", vec![write("a")], t0);
         p.leave("ns", "l", vec![], t0);
-        assert!(p.is_empty());
+        assert!(p.lock().is_empty());
         p.leave("ns", "m", vec![write("a")], t0);
         p.forget("ns", "m");
         let (due, next) = p.take_due(t0 + MAX_AGE);
