@@ -139,16 +139,12 @@ impl OwnWrites {
                     fire.extend(trigger);
                 }
             }
-            if own_seen {
-                // The cache already shows this write: nothing to record.
-                if w.in_flight == 0 && w.parked.is_empty() && w.over.is_empty() {
-                    writes.remove(uid);
-                }
-            } else {
+            // A write whose own event came is shown by the cache already: nothing to record.
+            if !own_seen {
                 record(&mut writes, uid, before, after);
-                if writes.get(uid).is_some_and(Writes::is_empty) {
-                    writes.remove(uid);
-                }
+            }
+            if writes.get(uid).is_some_and(Writes::is_empty) {
+                writes.remove(uid);
             }
         }
         fire.into_iter().for_each(|t| t());
