@@ -129,7 +129,8 @@ impl Events {
 
     /// Queues an Event about `on` that concerns `related` too (a lease's claim). Events of
     /// the same reason about different claims stay distinct instead of being folded into one
-    /// series, so every grant keeps its own note (and token).
+    /// series, so every grant keeps its own note (and token). Never waits: a full queue drops
+    /// the Event (counted and logged).
     pub fn event_about(
         &self,
         on: &ObjectReference,
@@ -146,11 +147,6 @@ impl Events {
             action: action.into(),
             secondary: related,
         };
-        self.publish(on, event);
-    }
-
-    /// Queues `event` about `on`; never waits. A full queue drops it (counted and logged).
-    pub fn publish(&self, on: &ObjectReference, event: Event) {
         if event.type_ == EventType::Normal {
             let mut normal = self.normal.lock().unwrap_or_else(|p| p.into_inner());
             if !normal.take(Instant::now()) {

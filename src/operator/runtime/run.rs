@@ -19,7 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::DynamicObject;
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::{self, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,6 @@ use tracing::{info, warn};
 use super::feeds::{self, Receivers, Triggers};
 use crate::operator::admission::{self, Admission};
 use crate::operator::context::{Context, Kube};
-use crate::operator::error::truncate;
 use crate::operator::events::Events;
 use crate::operator::metrics::Metrics;
 use crate::operator::names::LeaseKey;
@@ -340,13 +339,12 @@ fn report_unreadable(
             ..Default::default()
         };
         let note = format!("fenced-lease-operator cannot read this object and ignores it: {error}");
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "UnreadableObject".into(),
-            note: Some(truncate(&note, 1024).to_string()),
-            action: "Read".into(),
-            secondary: None,
-        };
-        events.publish(&reference, event);
+        events.event(
+            &reference,
+            EventType::Warning,
+            "UnreadableObject",
+            "Read",
+            note,
+        );
     }
 }
