@@ -299,9 +299,9 @@ async fn mark_synced(ctx: &Context, memory: &Memory, ready: &AtomicBool) -> bool
     }
 }
 
-/// Waits until `store` has synced. Re-polls now and then: the store's readiness signal is
-/// shared with the controllers waiting on the same store, and a single wake-up must not be
-/// the only way this waiter learns of it.
+/// Waits until `store` has synced. Re-polls now and then: the store's readiness is a one-shot
+/// behind a lock whose waker another poller can replace, so one wake-up must not be the only
+/// way this waiter learns of it.
 async fn wait_synced<K>(store: &Store<K>) -> Result<(), reflector::store::WriterDropped>
 where
     K: kube::runtime::reflector::Lookup + Clone + 'static,
