@@ -8,13 +8,13 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::gather::newest_grant;
-use super::pods;
+use super::{pods, write_watched};
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::claim_status::ClaimStatuses;
 use crate::operator::core::decide::Plan;
 use crate::operator::core::transitions::{self, ClaimWas};
-use crate::operator::error::{Result, timed};
+use crate::operator::error::Result;
 use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
 use crate::operator::state::positions::{self, PositionWrite};
@@ -175,18 +175,10 @@ pub async fn write(
         patch["metadata"] = json!({"resourceVersion": claim.metadata.resource_version});
     }
     let (params, patch) = (status_params(), Patch::Merge(&patch));
-    let write = timed(
-        "write claim status",
-        ctx.kube.timeout,
-        api.patch_status(&claim_name, &params, &patch),
-    );
+    let write = api.patch_status(&claim_name, &params, &patch);
     let meta = &claim.metadata;
-    match ctx
-        .memory
-        .written
-        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
-        .await
-    {
+    let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
+    match write_watched(ctx, "write claim status", uid, before, write).await {
         Ok(_) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         // The claim reached a final phase the cache has not shown us yet (Expired and

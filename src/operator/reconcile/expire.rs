@@ -23,6 +23,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
+use super::write_watched;
 use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
 use crate::operator::core::claim_status;
@@ -173,12 +174,8 @@ async fn expire(
     // final status: the CRD would refuse it, one wasted write each time.
     let before = claim.metadata.resource_version.as_deref();
     let params = PostParams::default();
-    let write = timed(
-        "expire claim",
-        ctx.kube.timeout,
-        api.replace_status(&name, &params, &update),
-    );
-    match ctx.memory.written.around(Some(&uid), before, write).await {
+    let write = api.replace_status(&name, &params, &update);
+    match write_watched(ctx, "expire claim", Some(&uid), before, write).await {
         Ok(written) => {
             if let Some(deadline) = silent.deadline {
                 let delay = Instant::now().saturating_duration_since(deadline);

@@ -14,12 +14,12 @@ use tracing::warn;
 
 use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
-use super::{Action, claims, finalize, pods, token_records};
+use super::{Action, claims, finalize, pods, token_records, write_watched};
 use crate::api::FencedLease;
 use crate::operator::admission::Check;
 use crate::operator::context::Context;
 use crate::operator::core::status;
-use crate::operator::error::{Error, Result, timed, truncate};
+use crate::operator::error::{Error, Result, truncate};
 use crate::operator::state::failures::RETRY;
 
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
@@ -184,18 +184,10 @@ async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, err
     }
     let name = lease.name_any();
     let params = PostParams::default();
-    let write = timed(
-        "write lease condition",
-        ctx.kube.timeout,
-        api.replace_status(&name, &params, &update),
-    );
+    let write = api.replace_status(&name, &params, &update);
     let meta = &lease.metadata;
-    if let Err(e) = ctx
-        .memory
-        .written
-        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
-        .await
-    {
+    let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
+    if let Err(e) = write_watched(ctx, "write lease condition", uid, before, write).await {
         tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");
     }
 }

@@ -13,10 +13,11 @@ use serde_json::json;
 
 use super::claims::status_params;
 use super::lookup::lease_exists;
+use super::write_watched;
 use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
 use crate::operator::core::claim_status;
-use crate::operator::error::{Error, Result, timed};
+use crate::operator::error::{Error, Result};
 use crate::operator::state::claim::CachedClaim;
 
 /// When to look at a claim again, if at all.
@@ -67,16 +68,10 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
         let patch = json!({ "status": desired.merge_patch() });
         let (name, params, patch) = (claim.name_any(), status_params(), Patch::Merge(&patch));
-        let write = timed(
-            "write claim status",
-            ctx.kube.timeout,
-            api.patch_status(&name, &params, &patch),
-        );
+        let write = api.patch_status(&name, &params, &patch);
         let meta = &claim.metadata;
-        ctx.memory
-            .written
-            .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
-            .await?;
+        let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
+        write_watched(ctx, "write claim status", uid, before, write).await?;
     }
     if current.phase == Some(ClaimPhase::Granted) {
         ctx.events.event(

@@ -8,7 +8,11 @@
 //! of leases that are gone) and [`positions`] (waiters' queue positions, written off the
 //! hand-over's path).
 
+use std::future::Future;
 use std::time::Duration;
+
+use crate::operator::context::Context;
+use crate::operator::error::{Result, timed};
 
 pub mod claims;
 pub mod expire;
@@ -24,6 +28,20 @@ pub mod positions;
 pub mod report;
 pub mod token_records;
 mod write_status;
+
+/// Sends `call` (`what`), a write of object `uid` read at version `before`, within the API
+/// deadline and through [`OwnWrites::around`](crate::operator::state::own_writes::OwnWrites::around):
+/// every write of an object the operator watches goes this way.
+async fn write_watched<K: kube::Resource>(
+    ctx: &Context,
+    what: &'static str,
+    uid: Option<&str>,
+    before: Option<&str>,
+    call: impl Future<Output = kube::Result<K>>,
+) -> Result<K> {
+    let write = timed(what, ctx.kube.timeout, call);
+    ctx.memory.written.around(uid, before, write).await
+}
 
 /// What a reconcile asks for next: nothing until something changes, or another look after a
 /// delay (kube-runtime's `Action`, whose delay its own controller alone can read).

@@ -1,5 +1,6 @@
 //! Holder pods: whether the pod a claim names exists, and the token annotation on it.
 
+use super::write_watched;
 use crate::operator::state::CachedPod;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -148,13 +149,9 @@ pub async fn set_annotation(
     let name = &pod.name;
     let patch = json!({ "metadata": { "uid": pod.uid, "annotations": { key: value } } });
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    let write = timed(
-        "annotate pod",
-        ctx.kube.timeout,
-        api.patch_metadata(name, &params, &patch),
-    );
+    let write = api.patch_metadata(name, &params, &patch);
     let (uid, before) = (pod.uid.as_deref(), pod.resource_version.as_deref());
-    match ctx.memory.written.around(uid, before, write).await {
+    match write_watched(ctx, "annotate pod", uid, before, write).await {
         Ok(_) => Ok(()),
         // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of
         // another UID, which the precondition kept us from writing ("metadata.uid: field is

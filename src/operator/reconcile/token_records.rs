@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use super::write_watched;
 use crate::api::FencedLease;
 use crate::operator::context::Context;
 use crate::operator::error::{Error, Result, timed};
@@ -318,18 +319,10 @@ async fn patch_finalizers(
     let name = lease.metadata.name.clone().unwrap_or_default();
     let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": lease.metadata.resource_version } });
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    let write = timed(
-        "patch lease finalizers",
-        ctx.kube.timeout,
-        api.patch(&name, &params, &patch),
-    );
+    let write = api.patch(&name, &params, &patch);
     let meta = &lease.metadata;
-    match ctx
-        .memory
-        .written
-        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
-        .await
-    {
+    let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
+    match write_watched(ctx, "patch lease finalizers", uid, before, write).await {
         Ok(written) => Ok(Some(written)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),

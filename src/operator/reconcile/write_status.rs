@@ -12,7 +12,7 @@ use tracing::info;
 
 use super::gather::{Gathered, Reads, holder_of, newest_grant};
 use super::pods;
-use super::{follow, token_records};
+use super::{follow, token_records, write_watched};
 use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseStatus};
 use crate::operator::context::Context;
 use crate::operator::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
@@ -323,18 +323,10 @@ async fn write(
     update.status = Some(desired);
     update.metadata.managed_fields = None;
     let params = PostParams::default();
-    let write = timed(
-        "write lease status",
-        ctx.kube.timeout,
-        api.replace_status(&name, &params, &update),
-    );
+    let write = api.replace_status(&name, &params, &update);
     let meta = &lease.metadata;
-    match ctx
-        .memory
-        .written
-        .around(meta.uid.as_deref(), meta.resource_version.as_deref(), write)
-        .await
-    {
+    let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
+    match write_watched(ctx, "write lease status", uid, before, write).await {
         Ok(written) => Ok(Wrote::Lease(Box::new(written))),
         Err(e) if e.is_conflict() => {
             ctx.metrics.conflicts.inc();
