@@ -102,9 +102,7 @@ mod tests {
                 claim: "a".into(),
                 claim_uid: "uid-a".into(),
                 identity: "pod-a".into(),
-                pod_name: None,
-                pod_uid: None,
-                lease: None,
+                ..Default::default()
             }),
             ..Default::default()
         }
@@ -122,14 +120,8 @@ mod tests {
                 uid: "uid-b".into(),
                 token: 1,
             }),
-            holder_uid: None,
-            queue: vec![],
             expire: expire.iter().map(|s| s.to_string()).collect(),
-            tokens_exhausted: false,
-            unfenced: None,
-            wake_at: None,
-            positions: Default::default(),
-            follows: None,
+            ..Plan::default()
         }
     }
 

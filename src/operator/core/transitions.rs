@@ -227,9 +227,7 @@ mod tests {
             claim: claim.into(),
             claim_uid: format!("uid-{claim}"),
             identity: identity.into(),
-            pod_name: None,
-            pod_uid: None,
-            lease: None,
+            ..Default::default()
         }
     }
 
@@ -257,14 +255,7 @@ mod tests {
                 uid: format!("uid-{claim}"),
                 token,
             }),
-            holder_uid: None,
-            queue: vec![],
-            expire: vec![],
-            tokens_exhausted: false,
-            unfenced: None,
-            wake_at: None,
-            positions: Default::default(),
-            follows: None,
+            ..Plan::default()
         }
     }
 
