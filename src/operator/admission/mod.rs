@@ -159,21 +159,18 @@ impl Admission {
                 }
             ));
         }
-        let binding = self.bindings.get(&ObjectRef::new(OBJECTS_BINDING));
-        if !binding
-            .as_deref()
-            .is_some_and(|b| binding_is_intact(b, LEASE_POLICY))
-        {
-            return Some(format!(
-                "ValidatingAdmissionPolicyBinding {OBJECTS_BINDING} is {} (deploy/admission/fence-policy.yaml, installed by the chart)",
-                if binding.is_some() {
-                    "not as shipped"
-                } else {
-                    "not installed"
-                }
-            ));
+        self.binding_gap(OBJECTS_BINDING, LEASE_POLICY).map(|how| format!(
+            "ValidatingAdmissionPolicyBinding {OBJECTS_BINDING} is {how} (deploy/admission/fence-policy.yaml, installed by the chart)"
+        ))
+    }
+
+    /// How binding `name` differs from one that binds `policy` as shipped, if it does.
+    fn binding_gap(&self, name: &str, policy: &str) -> Option<&'static str> {
+        match self.bindings.get(&ObjectRef::new(name)) {
+            Some(b) if binding_is_intact(&b, policy) => None,
+            Some(_) => Some("not as shipped"),
+            None => Some("not installed"),
         }
-        None
     }
 
     /// Is `kind` fenced in `ns`: a slot lists it, as shipped, with its binding?
@@ -195,18 +192,9 @@ impl Admission {
                 self.pend(ns, lease_name); // edited by hand: the keeper puts it back
                 return Check::Pending;
             }
-            let binding = self.bindings.get(&ObjectRef::new(&name));
-            if !binding
-                .as_deref()
-                .is_some_and(|b| binding_is_intact(b, &name))
-            {
+            if let Some(how) = self.binding_gap(&name, &name) {
                 return Check::NotInForce(format!(
-                    "ValidatingAdmissionPolicyBinding {name}, which fences {what}, is {} (deploy/admission/{}, installed by the chart)",
-                    if binding.is_some() {
-                        "not as shipped"
-                    } else {
-                        "not installed"
-                    },
+                    "ValidatingAdmissionPolicyBinding {name}, which fences {what}, is {how} (deploy/admission/{}, installed by the chart)",
                     shipped::SLOTS_FILE
                 ));
             }
@@ -327,6 +315,11 @@ mod tests {
         lease
     }
 
+    /// No admission objects, their watches not listed.
+    fn unlisted() -> Admission {
+        Admission::new(reflector::store().0, reflector::store().0)
+    }
+
     fn fill<K>(writer: &mut Writer<K>, objects: Vec<K>)
     where
         K: kube::Resource<DynamicType = ()> + Clone + 'static,
@@ -392,13 +385,7 @@ mod tests {
         let labelled = lease(serde_json::json!({"fenceObjects": true}));
         assert_eq!(admission(&[]).check(&labelled), Check::InForce);
         let nothing = lease(serde_json::json!({}));
-        let (p, _) = reflector::store();
-        let (b, _) = reflector::store();
-        assert_eq!(
-            Admission::new(p, b).check(&nothing),
-            Check::InForce,
-            "fences nothing"
-        );
+        assert_eq!(unlisted().check(&nothing), Check::InForce, "fences nothing");
     }
 
     #[test]
@@ -416,9 +403,7 @@ mod tests {
             matches!(&check, Check::NotInForce(why) if why.contains("no kinds slot is free for secrets")),
             "{check:?}"
         );
-        let (p, _) = reflector::store();
-        let (b, _) = reflector::store();
-        let none = Admission::new(p, b);
+        let none = unlisted();
         none.lock()
             .listed_kinds
             .extend(["a".to_string(), "b".to_string()]);
@@ -435,9 +420,7 @@ mod tests {
     fn before_the_objects_are_listed_a_lease_waits_and_the_check_returns() {
         let (done, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let (p, _) = reflector::store();
-            let (b, _) = reflector::store();
-            let a = Admission::new(p, b);
+            let a = unlisted();
             let check = a.check(&lease(serde_json::json!({"fenceObjects": true})));
             let pending = a.lock().pending.len();
             a.lock().unreadable = Some("forbidden".into());
