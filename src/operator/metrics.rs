@@ -368,11 +368,7 @@ mod tests {
         m.transition("ns", "gone", Transition::Granted);
         m.forget_lease("ns", "gone");
         let (cache, mut writer) = kube::runtime::reflector::store::<FencedLease>();
-        let mut lease: FencedLease = serde_json::from_value(serde_json::json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
-            "metadata": {"name": "db", "namespace": "ns"}, "spec": {}
-        }))
-        .unwrap();
+        let mut lease = lease("db", serde_json::json!({}));
         lease.status = Some(crate::api::FencedLeaseStatus {
             holder: Some(Default::default()),
             waiting: 2,

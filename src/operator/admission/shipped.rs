@@ -322,6 +322,17 @@ mod tests {
         }
     }
 
+    /// The match of `policy`, to edit.
+    fn match_of(policy: &mut ValidatingAdmissionPolicy) -> &mut MatchResources {
+        policy
+            .spec
+            .as_mut()
+            .unwrap()
+            .match_constraints
+            .as_mut()
+            .unwrap()
+    }
+
     #[test]
     fn a_slot_is_the_lease_rules_matching_its_kind_in_its_namespaces_only() {
         let a = Assignment {
@@ -370,37 +381,16 @@ mod tests {
         m.match_policy = Some("Equivalent".into());
         m.object_selector = Some(LabelSelector::default());
         assert!(policy_is_current(&stored, &desired), "defaults only");
-        let m = stored
-            .spec
-            .as_mut()
-            .unwrap()
-            .match_constraints
-            .as_mut()
-            .unwrap();
-        m.resource_rules.as_mut().unwrap()[0].resources = Some(vec!["*".into()]);
+        match_of(&mut stored).resource_rules.as_mut().unwrap()[0].resources =
+            Some(vec!["*".into()]);
         assert!(!policy_is_current(&stored, &desired), "widened by hand");
         let mut stored = desired.clone();
-        stored
-            .spec
-            .as_mut()
-            .unwrap()
-            .validations
-            .as_mut()
-            .unwrap()
-            .pop();
+        let validations = stored.spec.as_mut().unwrap().validations.as_mut();
+        validations.unwrap().pop();
         assert!(!policy_is_current(&stored, &desired), "a rule dropped");
         let mut stored = desired.clone();
-        let m = stored
-            .spec
-            .as_mut()
-            .unwrap()
-            .match_constraints
-            .as_mut()
-            .unwrap();
-        m.resource_rules
-            .as_mut()
-            .unwrap()
-            .push(rule("", "secrets", true));
+        let rules = match_of(&mut stored).resource_rules.as_mut().unwrap();
+        rules.push(rule("", "secrets", true));
         assert_eq!(assignment(&stored), Err(NotASlot), "not a slot's match");
     }
 
