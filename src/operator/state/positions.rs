@@ -102,18 +102,9 @@ impl Positions {
     /// Takes the sets due at `now`; says when the next of the others comes due.
     pub fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut inner = self.lock();
-        let keys: Vec<LeaseKey> = inner
-            .iter()
-            .filter(|(_, p)| is_due(p.first, p.last, now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        let due = keys
-            .into_iter()
-            .filter_map(|key| {
-                let pending = inner.remove(&key)?;
-                let (ns, name) = (key.namespace().into(), key.name().into());
-                Some((ns, name, pending.writes))
-            })
+        let due = inner
+            .extract_if(|_, p| is_due(p.first, p.last, now))
+            .map(|(key, p)| (key.namespace().into(), key.name().into(), p.writes))
             .collect();
         let next = inner
             .values()
