@@ -27,6 +27,16 @@ pub trait Keyed {
     fn name(&self) -> &str;
 }
 
+impl Keyed for crate::api::FencedLease {
+    fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
 type Map<K> = HashMap<Arc<str>, HashMap<Box<str>, Arc<K>>>;
 
 /// The readable side; clones share one cache.

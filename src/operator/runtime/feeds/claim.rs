@@ -40,11 +40,11 @@ where
         .inspect_ok(move |event| writer.apply(event))
         .inspect_ok(move |event| {
             let changed = observe_heartbeats(&memory.heartbeats, event);
-            let store = &memory.claims;
-            index_event(&memory.claims_by_lease, store, event, |c| {
+            let state = || memory.claims.state();
+            index_event(&memory.claims_by_lease, state, event, |c| {
                 vec![c.spec.lease_name.clone()]
             });
-            index_event(&memory.claims_by_pod, store, event, |c| {
+            index_event(&memory.claims_by_pod, state, event, |c| {
                 c.spec.pod_name.iter().cloned().collect()
             });
             let trigger = send_triggers(&memory, &triggers, event, changed);

@@ -52,7 +52,7 @@ pub fn feed(
         writer.apply(event);
         index_event(
             &memory.followed_by_pod,
-            &memory.followed,
+            || memory.followed.state(),
             event,
             CachedLease::holder_pods,
         );

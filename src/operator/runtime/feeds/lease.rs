@@ -10,7 +10,7 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{Memory, Triggers, own_writes, reconcile};
+use super::{Memory, Triggers, index_event, own_writes, reconcile};
 use crate::api::FencedLease;
 use crate::operator::context::Kube;
 use crate::operator::metrics::Metrics;
@@ -54,7 +54,13 @@ where
                 },
                 trigger,
             );
-            index_followers(&memory, event);
+            // The index of leases by the coordination Lease they follow.
+            index_event(
+                &memory.followers,
+                || memory.leases.state(),
+                event,
+                |l| l.spec.follow.iter().map(|f| f.lease.clone()).collect(),
+            );
             match event {
                 // A (re)list: every lease, as bulk work.
                 watcher::Event::InitDone => {
@@ -65,31 +71,6 @@ where
                 _ => {}
             }
         })
-}
-
-/// Keeps the index of leases by the coordination Lease they follow in step with the watch.
-fn index_followers(memory: &Memory, event: &watcher::Event<FencedLease>) {
-    let follows = |l: &FencedLease| l.spec.follow.iter().map(|f| f.lease.clone()).collect();
-    let id = |l: &FencedLease| (l.namespace().unwrap_or_default(), l.name_any());
-    match event {
-        watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
-            let (ns, name) = id(l);
-            memory.followers.set(&ns, &name, follows(l));
-        }
-        watcher::Event::Delete(l) => {
-            let (ns, name) = id(l);
-            memory.followers.remove(&ns, &name);
-        }
-        watcher::Event::InitDone => {
-            memory
-                .followers
-                .rebuild(memory.leases.state().iter().map(|l| {
-                    let (ns, name) = id(l);
-                    (ns, name, follows(l))
-                }))
-        }
-        watcher::Event::Init => {}
-    }
 }
 
 /// Forgets a deleted lease's metrics and queue positions, and sends what it left behind

@@ -119,10 +119,10 @@ where
 }
 
 /// Keeps `index` in step with a watch of objects keyed by `keys`: set on apply, removed on
-/// delete, rebuilt from `store` when a relist completes.
-fn index_event<K: Keyed + Clone>(
+/// delete, rebuilt from every object cached (`state`) when a relist completes.
+fn index_event<K: Keyed>(
     index: &Index,
-    store: &Cache<K>,
+    state: impl FnOnce() -> Vec<Arc<K>>,
     event: &watcher::Event<K>,
     keys: impl Fn(&K) -> Vec<String>,
 ) {
@@ -136,7 +136,7 @@ fn index_event<K: Keyed + Clone>(
             let (ns, name) = id(o);
             index.remove(&ns, &name)
         }
-        watcher::Event::InitDone => index.rebuild(store.state().iter().map(|o| {
+        watcher::Event::InitDone => index.rebuild(state().iter().map(|o| {
             let (ns, name) = id(o);
             (ns, name, keys(o.as_ref()))
         })),

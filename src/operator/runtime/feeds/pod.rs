@@ -40,7 +40,7 @@ pub fn feed(
     .inspect_ok(move |event| {
         index_event(
             &memory.pods_by_lease,
-            &memory.pods,
+            || memory.pods.state(),
             event,
             CachedPod::leases,
         );
