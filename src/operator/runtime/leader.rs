@@ -133,17 +133,22 @@ impl Election {
         }
         let mut next = current.clone();
         next.spec = Some(self.spec(Some(&spec)));
-        match timed(
-            "take leader lease",
-            self.api_timeout,
-            api.replace(&self.name, &PostParams::default(), &next),
-        )
-        .await
-        {
+        match self.replace(api, "take leader lease", &next).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_conflict() => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Writes `next` over the Lease, on the resourceVersion it was read at.
+    async fn replace(&self, api: &Api<Lease>, what: &'static str, next: &Lease) -> Result<Lease> {
+        let params = PostParams::default();
+        timed(
+            what,
+            self.api_timeout,
+            api.replace(&self.name, &params, next),
+        )
+        .await
     }
 
     fn spec(&self, previous: Option<&LeaseSpec>) -> LeaseSpec {
@@ -214,13 +219,7 @@ impl Election {
         }
         let mut next = current;
         next.spec = Some(self.spec(Some(&spec)));
-        match timed(
-            "renew leader lease",
-            self.api_timeout,
-            api.replace(&self.name, &PostParams::default(), &next),
-        )
-        .await
-        {
+        match self.replace(api, "renew leader lease", &next).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_conflict() => Err(Error::Contended(self.name.clone())),
             Err(e) => Err(e),
@@ -240,13 +239,7 @@ impl Election {
         spec.holder_identity = None;
         let mut next = current;
         next.spec = Some(spec);
-        match timed(
-            "release leader lease",
-            self.api_timeout,
-            api.replace(&self.name, &PostParams::default(), &next),
-        )
-        .await
-        {
+        match self.replace(api, "release leader lease", &next).await {
             Ok(_) => info!(identity = %self.identity, "released the leader lease"),
             Err(e) => warn!(error = %e, "could not release the leader lease"),
         }
