@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::operator::error::truncate;
 use crate::operator::metrics::Metrics;
+use crate::operator::state::locked;
 
 /// Events waiting to be published; beyond this they are dropped.
 pub const QUEUE: usize = 1024;
@@ -148,7 +149,7 @@ impl Events {
             secondary: related,
         };
         if event.type_ == EventType::Normal {
-            let mut normal = self.normal.lock().unwrap_or_else(|p| p.into_inner());
+            let mut normal = locked(&self.normal);
             if !normal.take(Instant::now()) {
                 self.metrics.events_skipped.inc();
                 return;

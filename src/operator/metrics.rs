@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 use crate::api::{ClaimPhase, FencedLease};
 pub use crate::operator::core::transitions::Transition;
 use crate::operator::names::LeaseKey;
-use crate::operator::state::{Cache, CachedClaim};
+use crate::operator::state::{Cache, CachedClaim, locked};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
@@ -183,7 +183,7 @@ pub struct TransitionCounts {
 
 impl TransitionCounts {
     fn count(&self, namespace: &str, lease: &str, transition: Transition) {
-        let mut counts = self.lock();
+        let mut counts = locked(&self.counts);
         let slot = counts.entry(LeaseKey::new(namespace, lease)).or_default();
         slot[TRANSITIONS
             .iter()
@@ -192,18 +192,16 @@ impl TransitionCounts {
     }
 
     fn forget(&self, namespace: &str, lease: &str) {
-        self.lock().remove(&LeaseKey::new(namespace, lease));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, [u64; 4]>> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+        locked(&self.counts).remove(&LeaseKey::new(namespace, lease));
     }
 }
 
 impl Collector for TransitionCounts {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let counts: Vec<(LeaseKey, [u64; 4])> =
-            self.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let counts: Vec<(LeaseKey, [u64; 4])> = locked(&self.counts)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         let mut family = encoder.encode_descriptor(
             "transitions",
             "Lease transitions: Granted, Expired, Released, Revoked",

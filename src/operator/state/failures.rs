@@ -22,7 +22,7 @@ impl Failures {
     /// Records a failure of `key` with `cause`; returns the number of consecutive failures
     /// and whether the cause differs from the previous failure's (worth a new Event).
     pub fn failed(&self, key: &str, cause: &'static str) -> (u32, bool) {
-        let mut map = self.lock();
+        let mut map = super::locked(&self.by_object);
         let entry = map.entry(key.to_string()).or_insert((0, ""));
         let new_cause = entry.1 != cause;
         entry.0 = entry.0.saturating_add(1);
@@ -32,16 +32,10 @@ impl Failures {
 
     /// `key` reconciled successfully: the next failure starts the backoff afresh.
     pub fn succeeded(&self, key: &str) {
-        let mut map = self.lock();
+        let mut map = super::locked(&self.by_object);
         if !map.is_empty() {
             map.remove(key);
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, &'static str)>> {
-        self.by_object
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

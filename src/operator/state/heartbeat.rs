@@ -58,7 +58,7 @@ impl Heartbeats {
         print: Option<u64>,
         now: Instant,
     ) -> bool {
-        let mut seen = self.lock();
+        let mut seen = super::locked(&self.seen);
         match seen.get_mut(uid) {
             Some(s) => {
                 if s.beat != beat {
@@ -86,14 +86,14 @@ impl Heartbeats {
     /// Starts every claim's clock afresh at `now`: after a watch error or relist the operator
     /// may have missed heartbeats, so it gives every holder a full term, as a restart does.
     pub fn restart_all(&self, now: Instant) {
-        for seen in self.lock().values_mut() {
+        for seen in super::locked(&self.seen).values_mut() {
             seen.changed_at = seen.changed_at.max(now);
         }
     }
 
     /// When the heartbeat of `uid` last changed; `now` if it has never been seen.
     pub fn last_change(&self, uid: &str, now: Instant) -> Instant {
-        let mut seen = self.lock();
+        let mut seen = super::locked(&self.seen);
         if let Some(s) = seen.get(uid) {
             return s.changed_at; // no key copied: this runs for every claim of a lease
         }
@@ -113,7 +113,7 @@ impl Heartbeats {
     /// the very value of the fresh read between the decision and this check, and comparing
     /// values alone would then call a renewing claim silent.
     pub fn moved_since(&self, uid: &str, read: Option<Timestamp>, seen_at: Instant) -> bool {
-        match self.lock().get(uid) {
+        match super::locked(&self.seen).get(uid) {
             Some(s) => s.beat != read || s.changed_at > seen_at,
             None => true,
         }
@@ -121,12 +121,7 @@ impl Heartbeats {
 
     /// Forgets a deleted claim.
     pub fn forget(&self, uid: &str) {
-        self.lock().remove(uid);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
-        // A panic while holding this lock cannot leave the map inconsistent: use it anyway.
-        super::locked(&self.seen)
+        super::locked(&self.seen).remove(uid);
     }
 }
 

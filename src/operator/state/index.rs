@@ -45,7 +45,7 @@ impl Index {
     pub fn set(&self, ns: &str, name: &str, mut keys: Vec<String>) {
         keys.sort();
         keys.dedup();
-        let mut inner = self.lock();
+        let mut inner = super::locked(&self.inner);
         if under(&inner.keys_of, ns, name).eq(keys.iter().map(String::as_str)) {
             return;
         }
@@ -58,26 +58,22 @@ impl Index {
 
     /// Forgets object `ns/name`.
     pub fn remove(&self, ns: &str, name: &str) {
-        self.lock().remove(ns, name);
+        super::locked(&self.inner).remove(ns, name);
     }
 
     /// Names of the objects of namespace `ns` indexed under `key`.
     pub fn get(&self, ns: &str, key: &str) -> Vec<String> {
-        under(&self.lock().by_key, ns, key)
+        under(&super::locked(&self.inner).by_key, ns, key)
             .map(str::to_owned)
             .collect()
     }
 
     /// Replaces the whole index (after a relist), from `(namespace, name, keys)`.
     pub fn rebuild(&self, objects: impl IntoIterator<Item = (String, String, Vec<String>)>) {
-        *self.lock() = Inner::default();
+        *super::locked(&self.inner) = Inner::default();
         for (ns, name, keys) in objects {
             self.set(&ns, &name, keys);
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        super::locked(&self.inner)
     }
 }
 
@@ -109,7 +105,7 @@ mod tests {
         assert_eq!(index.get("ns", "l2"), ["a"]);
         index.remove("ns", "b");
         assert!(index.get("ns", "l1").is_empty());
-        assert_eq!(index.lock().keys_of.len(), 2);
+        assert_eq!(super::super::locked(&index.inner).keys_of.len(), 2);
         // A name that is a prefix of another is not confused with it.
         index.set("ns", "a-1", vec!["l2".into()]);
         index.remove("ns", "a");

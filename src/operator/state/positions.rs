@@ -81,7 +81,7 @@ impl Positions {
     /// first moved.
     pub fn leave(&self, ns: &str, name: &str, writes: Vec<PositionWrite>, now: Instant) {
         let key = LeaseKey::new(ns, name);
-        let mut inner = self.lock();
+        let mut inner = super::locked(&self.inner);
         if writes.is_empty() {
             inner.remove(&key);
             return;
@@ -101,7 +101,7 @@ impl Positions {
 
     /// Takes the sets due at `now`; says when the next of the others comes due.
     pub fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
-        let mut inner = self.lock();
+        let mut inner = super::locked(&self.inner);
         let due = inner
             .extract_if(|_, p| is_due(p.first, p.last, now))
             .map(|(key, p)| (key.namespace().into(), key.name().into(), p.writes))
@@ -115,11 +115,7 @@ impl Positions {
 
     /// Lease `ns/name` is gone: nothing of it to write.
     pub fn forget(&self, ns: &str, name: &str) {
-        self.lock().remove(&LeaseKey::new(ns, name));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, Pending>> {
-        super::locked(&self.inner)
+        super::locked(&self.inner).remove(&LeaseKey::new(ns, name));
     }
 }
 
@@ -199,7 +195,7 @@ mod tests {
         let names: Vec<_> = writes.iter().map(|w| w.claim.as_str()).collect();
         assert_eq!(names, ["b"]);
         assert_eq!(next, None);
-        assert!(p.lock().is_empty());
+        assert!(crate::operator::state::locked(&p.inner).is_empty());
 
         // Moving every QUIET/2: written at MAX_AGE after the first move, not never.
         let mut at = t0;
@@ -216,7 +212,7 @@ mod tests {
         let t0 = Instant::now();
         p.leave("ns", "l", vec![write("a")], t0);
         p.leave("ns", "l", vec![], t0);
-        assert!(p.lock().is_empty());
+        assert!(crate::operator::state::locked(&p.inner).is_empty());
         p.leave("ns", "m", vec![write("a")], t0);
         p.forget("ns", "m");
         let (due, next) = p.take_due(t0 + MAX_AGE);
