@@ -59,18 +59,17 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::erro
         lease,
         left,
     } = orphan;
-    if *left == Left::FenceSlots {
-        // The keeper of the kinds slots reads the cache: no call.
-        ctx.admission.forget(ns, lease);
-        return Ok(());
-    }
+    let pod = match left {
+        Left::Annotation { pod } => pod,
+        Left::FenceSlots => {
+            // The keeper of the kinds slots reads the cache: no call.
+            ctx.admission.forget(ns, lease);
+            return Ok(());
+        }
+    };
     if lease_exists(ctx, ns, lease).await? {
         return Ok(()); // the lease reconciler owns these
     }
-    let pod = match left {
-        Left::Annotation { pod } => pod,
-        Left::FenceSlots => return Ok(()),
-    };
     let key = token_annotation_key(lease);
     let Some(cached) = ctx.memory.pods.get(ns, pod) else {
         return Ok(());
