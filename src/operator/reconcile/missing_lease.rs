@@ -73,23 +73,14 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
         write_watched(ctx, "write claim status", uid, before, write).await?;
     }
-    if current.phase == Some(ClaimPhase::Granted) {
-        ctx.events.event(
-            &claim.reference(),
-            EventType::Warning,
-            "Revoked",
-            "Hand-over",
-            message,
-        );
-    } else if !already_told {
-        ctx.events.event(
-            &claim.reference(),
-            EventType::Warning,
-            "LeaseNotFound",
-            "Grant",
-            message,
-        );
-    }
+    let (reason, action) = match current.phase {
+        Some(ClaimPhase::Granted) => ("Revoked", "Hand-over"),
+        _ if !already_told => ("LeaseNotFound", "Grant"),
+        _ => return Ok(None),
+    };
+    let on = claim.reference();
+    ctx.events
+        .event(&on, EventType::Warning, reason, action, message);
     Ok(None)
 }
 
