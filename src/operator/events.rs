@@ -4,11 +4,10 @@
 //! report, the lease and claim statuses are the record.
 //!
 //! Normal Events have a budget: a burst of [`BURST_SECONDS`] worth, then a steady rate (the
-//! operator's `--events-per-second`). An operator started over 10,000 waiting claims grants
-//! them in a minute; an Event each would be a third of its apiserver writes, for a report
-//! nobody reads 10,000 lines of. Those over the budget are counted
-//! (`fenced_lease_events_skipped_total`), and every transition still is
-//! (`fenced_lease_transitions_total`). Warnings are never budgeted.
+//! operator's `--events-per-second`), so that a burst of grants does not spend the apiserver's
+//! writes on a report. Those over the budget are counted (`fenced_lease_events_skipped_total`),
+//! and every transition still is (`fenced_lease_transitions_total`). Warnings are never
+//! budgeted.
 //!
 //! Warnings go through kube's [`Recorder`], which folds a repeated warning into one Event
 //! series with a count. Normal Events (grants, releases, expiries) are one per transition

@@ -174,8 +174,8 @@ const TRANSITIONS: [Transition; 4] = [
     Transition::Revoked,
 ];
 
-/// `transitions_total` by lease and kind: four counts per lease under its key, about half the
-/// memory of a counter family keyed by owned label strings.
+/// `transitions_total` by lease and kind: four counts per lease under its key, not a counter
+/// family keyed by owned label strings.
 #[derive(Clone, Debug, Default)]
 pub struct TransitionCounts {
     counts: Arc<Mutex<HashMap<LeaseKey, [u64; 4]>>>,

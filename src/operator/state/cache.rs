@@ -1,8 +1,6 @@
 //! A cache of watched objects kept in the operator's own types (claims, pods), by namespace
-//! and name. kube-runtime's `Store` keys every object with an `ObjectRef` (96 bytes, with its
-//! own copies of the name and namespace, and of the UID and version for API types) in a map
-//! of those. Here each namespace has a map of its own, and an object's name is its only key
-//! string.
+//! and name: each namespace has a map of its own, and an object's name is its only key string
+//! (not an `ObjectRef` per object, with its own copies of the name, namespace, UID and version).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

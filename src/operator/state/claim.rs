@@ -1,7 +1,7 @@
 //! What the operator's cache keeps of a claim: what its decisions and writes read, in fewer
-//! and smaller allocations than the API type. Claims are a third of the objects it watches:
-//! unread metadata is not kept, owner references only as the one UID read, and the few words
-//! conditions are nearly always made of are shared, not allocated per claim.
+//! and smaller allocations than the API type: unread metadata is not kept, owner references
+//! only as the one UID read, and the few words conditions are nearly always made of are
+//! shared, not allocated per claim.
 
 use std::borrow::Cow;
 
@@ -176,8 +176,8 @@ impl PartialEq<FencedLeaseClaimStatus> for CachedClaimStatus {
     }
 }
 
-/// What a claim's decisions and writes read of its metadata, with `ObjectMeta`'s names (which
-/// is 360 bytes, most of them fields the operator never reads).
+/// What a claim's decisions and writes read of its metadata, with `ObjectMeta`'s names; nothing
+/// else of it is kept.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClaimMeta {
     pub name: Option<String>,

@@ -14,8 +14,7 @@ use std::sync::Mutex;
 ///
 /// Each entry is one string in each of two sorted sets, `ns\0key\0name` and `ns\0name\0key`
 /// (no Kubernetes name, namespace or annotation key holds a NUL): the names under a key, and
-/// the keys of an object, are a range of one of them: about a third of the memory of maps of
-/// owned strings to sets of names.
+/// the keys of an object, are each a range of one of them (no maps of owned strings to sets).
 #[derive(Debug, Default)]
 pub struct Index {
     inner: Mutex<Inner>,
