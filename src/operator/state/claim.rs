@@ -75,9 +75,7 @@ impl CachedCondition {
             last_transition_time: Time(self.last_transition_time),
         }
     }
-}
 
-impl CachedCondition {
     /// Equal to `c` but, perhaps, for when it last changed.
     fn same_but_time(&self, c: &Condition) -> bool {
         self.type_ == c.type_.as_str()
@@ -143,11 +141,9 @@ impl CachedClaimStatus {
             .iter()
             .any(|c| c.type_ == type_ && c.status == status)
     }
-}
 
-/// Compared without building either side again: a lease's reconcile compares every claim's.
-impl CachedClaimStatus {
-    /// Equal to `s` but, perhaps, for when its conditions last changed.
+    /// Equal to `s` but, perhaps, for when its conditions last changed; compared without
+    /// building either side again (a lease's reconcile compares every claim's).
     pub fn same_but_times(&self, s: &FencedLeaseClaimStatus) -> bool {
         self.phase == s.phase
             && self.fencing_token == s.fencing_token
