@@ -20,6 +20,7 @@ use crate::operator::admission::Check;
 use crate::operator::context::Context;
 use crate::operator::core::status;
 use crate::operator::error::{Error, Result, truncate};
+use crate::operator::names::LeaseKey;
 use crate::operator::state::failures::RETRY;
 
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
@@ -32,17 +33,9 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     if result.is_ok() {
-        ctx.failures.succeeded(&failure_key(&lease));
+        ctx.failures.succeeded(&LeaseKey::of(&lease).to_string());
     }
     result
-}
-
-fn failure_key(lease: &FencedLease) -> String {
-    format!(
-        "{}/{}",
-        lease.namespace().unwrap_or_default(),
-        lease.name_any()
-    )
 }
 
 /// Failed reconciles are retried with exponential backoff; the error is counted, logged,
@@ -50,9 +43,8 @@ fn failure_key(lease: &FencedLease) -> String {
 /// failure in a row (an Event series whose count shows it goes on), never once per retry.
 pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(error.metric_label());
-    let (attempt, new_cause) = ctx
-        .failures
-        .failed(&failure_key(&lease), error.event_reason());
+    let key = LeaseKey::of(&lease).to_string();
+    let (attempt, new_cause) = ctx.failures.failed(&key, error.event_reason());
     if error.is_conflict() {
         // Someone else moved first; deciding again on fresh state is routine.
         tracing::debug!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, "reconcile conflicted");
