@@ -263,17 +263,11 @@ pub async fn before_first_grant(ctx: &Context, lease: &FencedLease) -> Result<i6
         .uid
         .as_deref()
         .and_then(|uid| ctx.records_ahead.get(uid));
-    match ahead {
-        Some(record) => Ok(record),
-        None => {
-            read(
-                ctx,
-                &lease.namespace().unwrap_or_default(),
-                &lease.name_any(),
-            )
-            .await
-        }
+    if let Some(record) = ahead {
+        return Ok(record);
     }
+    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+    read(ctx, &ns, &name).await
 }
 
 /// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost;
