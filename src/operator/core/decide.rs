@@ -40,7 +40,7 @@ pub enum PodPresence {
 }
 
 /// The lease as the decision needs it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LeaseView {
     /// UID of the holding claim, as the lease status says.
     pub holder_uid: Option<String>,
@@ -312,14 +312,9 @@ mod tests {
 
     fn free_lease() -> LeaseView {
         LeaseView {
-            holder_uid: None,
-            last_token: 0,
-            high_water_mark: 0,
-            min_token: 0,
-            deleting: false,
-            unfenced: None,
             term: D,
             duration: D,
+            ..LeaseView::default()
         }
     }
 
