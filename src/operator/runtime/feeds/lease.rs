@@ -54,7 +54,6 @@ where
                 },
                 trigger,
             );
-            // The index of leases by the coordination Lease they follow.
             index_event(
                 &memory.followers,
                 || memory.leases.state(),

@@ -93,7 +93,6 @@ fn leases_of_pod(memory: &Memory, pod: &CachedPod) -> Vec<LeaseKey> {
         .filter_map(|claim| memory.claims.get(ns, &claim))
         .filter(|c| c.spec.pod_name.as_deref() == Some(name))
         .map(|c| LeaseKey::new(ns, &c.spec.lease_name));
-    // Those that follow a coordination Lease whose holder this pod may be.
     let followed = memory
         .followed_by_pod
         .get(ns, name)
