@@ -36,13 +36,7 @@ pub fn claim_status(
         conditions: current.conditions.clone(),
         ..Default::default()
     };
-    let holder = lease.holder.as_ref().is_some_and(|h| h.claim_uid == uid);
-    let ended = plan
-        .ended
-        .as_ref()
-        .filter(|e| e.uid == uid)
-        .map(|e| e.reason);
-
+    let (holder, ended) = standing(uid, lease, plan);
     if holder {
         next.phase = Some(ClaimPhase::Granted);
         next.fencing_token = Some(lease.fencing_token);
@@ -147,15 +141,18 @@ impl<'a> ClaimStatuses<'a> {
             .as_deref()
             .and_then(|n| self.plan.position(n))?;
         let pending = claim.status.as_ref()?.phase == Some(ClaimPhase::Pending);
-        let holder = self
-            .lease
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.claim_uid == uid);
-        let ends = self.plan.ended.as_ref().is_some_and(|e| e.uid == uid);
-        (pending && !holder && !ends && position >= POSITIONS_SHOWN && pod != PodPresence::Missing)
-            .then_some(claim.spec.pod_name.is_some())
+        let (holder, ended) = standing(uid, self.lease, self.plan);
+        let back = pending && !holder && ended.is_none() && position >= POSITIONS_SHOWN;
+        (back && pod != PodPresence::Missing).then_some(claim.spec.pod_name.is_some())
     }
+}
+
+/// Whether claim `uid` holds the lease after the plan, and why its hold ends, if the plan
+/// ends it.
+fn standing(uid: &str, lease: &FencedLeaseStatus, plan: &Plan) -> (bool, Option<EndReason>) {
+    let holder = lease.holder.as_ref().is_some_and(|h| h.claim_uid == uid);
+    let ended = plan.ended.as_ref().filter(|e| e.uid == uid);
+    (holder, ended.map(|e| e.reason))
 }
 
 /// A claim that held the lease keeps the record of its hold: its token, grant time and term.
