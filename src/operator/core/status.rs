@@ -36,29 +36,25 @@ pub fn lease_status(
         next.acquire_time = None;
         next.lease_duration_seconds = None;
     }
-    let followed = plan.follows.as_ref().and_then(|f| f.holder.clone());
-    if let (Some(grant), Some(holder)) = (&plan.grant, followed) {
-        next.holder = Some(holder);
+    if let Some(grant) = &plan.grant {
+        let followed = plan.follows.as_ref().and_then(|f| f.holder.clone());
+        next.lease_duration_seconds = followed.is_none().then_some(term.duration_seconds);
+        next.holder = Some(followed.unwrap_or_else(|| {
+            let claim = claims
+                .iter()
+                .find(|c| c.metadata.uid.as_deref() == Some(grant.uid.as_str()));
+            LeaseHolder {
+                claim: grant.claim.clone(),
+                claim_uid: grant.uid.clone(),
+                identity: claim
+                    .map(|c| c.spec.holder_identity.clone())
+                    .unwrap_or_default(),
+                pod_name: claim.and_then(|c| c.spec.pod_name.clone()),
+                pod_uid: term.pod_uid.clone(),
+                lease: None,
+            }
+        }));
         next.fencing_token = grant.token;
-        next.lease_duration_seconds = None;
-        next.acquire_time = Some(MicroTime(now));
-        next.lease_transitions += 1;
-    } else if let Some(grant) = &plan.grant {
-        let claim = claims
-            .iter()
-            .find(|c| c.metadata.uid.as_deref() == Some(grant.uid.as_str()));
-        next.holder = Some(LeaseHolder {
-            claim: grant.claim.clone(),
-            claim_uid: grant.uid.clone(),
-            identity: claim
-                .map(|c| c.spec.holder_identity.clone())
-                .unwrap_or_default(),
-            pod_name: claim.and_then(|c| c.spec.pod_name.clone()),
-            pod_uid: term.pod_uid.clone(),
-            lease: None,
-        });
-        next.fencing_token = grant.token;
-        next.lease_duration_seconds = Some(term.duration_seconds);
         next.acquire_time = Some(MicroTime(now));
         next.lease_transitions += 1;
     }
