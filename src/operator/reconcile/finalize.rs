@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::gather::claims_of;
 use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
-use super::{Action, claims, pods, token_records};
+use super::{Again, claims, pods, token_records};
 use crate::api::{
     ClaimPhase, FencedLease, FencedLeaseClaim, FencedLeaseStatus, duration_from_seconds,
 };
@@ -27,9 +27,9 @@ pub async fn finalize(
     lease: &FencedLease,
     ns: &str,
     name: &str,
-) -> Result<Action> {
+) -> Result<Again> {
     if !token_records::has_finalizer(lease) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let status = lease.status.clone().unwrap_or_default();
     let last = status.fencing_token.max(lease.spec.min_token);
@@ -54,13 +54,13 @@ pub async fn finalize(
     }
     if let Some(left) = holders_may_believe(ctx, lease, &status, ns, name).await? {
         info!(lease = %name, namespace = %ns, wait_ms = left.as_millis() as u64, "lease deleted; its name is kept until its last holder's term has run out");
-        return Ok(Action::requeue(left));
+        return Ok(Some(left));
     }
     token_records::remove_finalizer(ctx, api, latest.as_ref().unwrap_or(lease)).await?;
     ctx.metrics.forget_lease(ns, name);
     token_records::forget_read_ahead(ctx, lease);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
-    Ok(Action::await_change())
+    Ok(None)
 }
 
 /// How much longer a holder of a lease being deleted may still count itself the holder, if

@@ -14,7 +14,7 @@ use tracing::warn;
 
 use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
-use super::{Action, claims, finalize, pods, token_records, write_watched};
+use super::{Again, claims, finalize, pods, token_records, write_watched};
 use crate::api::FencedLease;
 use crate::operator::admission::Check;
 use crate::operator::context::Context;
@@ -26,7 +26,7 @@ use crate::operator::state::failures::RETRY;
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
 const STALE_RETRY: Duration = Duration::from_secs(2);
 
-pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Again> {
     let started = Instant::now();
     let result = reconcile_lease(lease.clone(), &ctx).await;
     ctx.metrics
@@ -41,7 +41,7 @@ pub async fn reconcile(lease: Arc<FencedLease>, ctx: Arc<Context>) -> Result<Act
 /// Failed reconciles are retried with exponential backoff; the error is counted, logged,
 /// and reported by a Warning Event when its cause is new, and again at the 2nd, 4th, 8th...
 /// failure in a row (an Event series whose count shows it goes on), never once per retry.
-pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -> Again {
     ctx.metrics.error(error.metric_label());
     let key = LeaseKey::of(&lease).to_string();
     let (attempt, new_cause) = ctx.failures.failed(&key, error.event_reason());
@@ -62,10 +62,10 @@ pub fn error_policy(lease: Arc<FencedLease>, error: &Error, ctx: Arc<Context>) -
             );
         }
     }
-    Action::requeue(RETRY.pause(attempt))
+    Some(RETRY.pause(attempt))
 }
 
-async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Action> {
+async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again> {
     let ns = lease
         .namespace()
         .ok_or_else(|| Error::Unexpected("FencedLease without a namespace".into()))?;
@@ -82,7 +82,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         // The cache has not shown this operator's own last write of the lease yet: deciding
         // on this copy would repeat it (a 409 and a read). Its watch event brings the next
         // reconcile; the requeue is only a safety net.
-        return Ok(Action::requeue(STALE_RETRY));
+        return Ok(Some(STALE_RETRY));
     }
     let lease = if token_records::has_finalizer(&lease) {
         lease
@@ -94,7 +94,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
         token_records::read_ahead(ctx, &lease).await;
         match token_records::add_finalizer(ctx, &api, &lease).await {
             // Our cached copy is older than the lease: its update event is on its way.
-            Err(e) if e.is_conflict() => return Ok(Action::requeue(Duration::from_millis(100))),
+            Err(e) if e.is_conflict() => return Ok(Some(Duration::from_millis(100))),
             Ok(Some(mut written)) if token_records::has_finalizer(&written) => {
                 written.metadata.managed_fields = None;
                 Arc::new(written)
@@ -103,7 +103,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
                 // Gone before its finalizer: nothing will be granted.
                 token_records::forget_read_ahead(ctx, &lease);
                 result?;
-                return Ok(Action::await_change());
+                return Ok(None);
             }
         }
     };
@@ -116,11 +116,9 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     let fenced = match ctx.admission.check(&lease) {
         Check::InForce => Ok(()),
         Check::Settling(in_force) => {
-            return Ok(Action::requeue(
-                in_force.saturating_duration_since(Instant::now()),
-            ));
+            return Ok(Some(in_force.saturating_duration_since(Instant::now())));
         }
-        Check::Pending => return Ok(Action::await_change()),
+        Check::Pending => return Ok(None),
         Check::NotInForce(why) => Err(Error::Fence(Box::new(Error::FenceGap(why)))),
     };
     let unfenced = fenced
@@ -137,8 +135,8 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     };
     let (before, lease, plan, claims) = match written {
         Outcome::Written(outcome) => *outcome,
-        Outcome::Gone => return Ok(Action::await_change()),
-        Outcome::Requeue => return Ok(Action::requeue(Duration::from_millis(100))),
+        Outcome::Gone => return Ok(None),
+        Outcome::Requeue => return Ok(Some(Duration::from_millis(100))),
     };
     report(ctx, &lease, &before, &plan);
 
@@ -150,9 +148,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Actio
     // Next at the latest: the holder's deadline, a waiter's, or the resync.
     let idle = Instant::now() + ctx.resync_after();
     let wake = plan.wake_at.map_or(idle, |at| at.min(idle));
-    Ok(Action::requeue(
-        wake.saturating_duration_since(Instant::now()),
-    ))
+    Ok(Some(wake.saturating_duration_since(Instant::now())))
 }
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the

@@ -13,15 +13,12 @@ use serde_json::json;
 
 use super::claims::status_params;
 use super::lookup::lease_exists;
-use super::write_watched;
+use super::{Again, write_watched};
 use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
 use crate::operator::core::claim_status;
 use crate::operator::error::{Error, Result};
 use crate::operator::state::claim::CachedClaim;
-
-/// When to look at a claim again, if at all.
-type Again = Option<Duration>;
 
 /// The claim `key` names, reconciled if the cache still has it; when to look again.
 pub async fn reconcile(ctx: &Context, key: &ClaimKey) -> Again {

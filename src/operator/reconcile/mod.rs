@@ -43,29 +43,6 @@ async fn write_watched<K: kube::Resource>(
     ctx.memory.written.around(uid, before, write).await
 }
 
-/// What a reconcile asks for next: nothing until something changes, or another look after a
-/// delay (kube-runtime's `Action`, whose delay its own controller alone can read).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Action {
-    requeue_after: Option<Duration>,
-}
-
-impl Action {
-    /// Look again after `after`, unless a change comes first.
-    pub fn requeue(after: Duration) -> Self {
-        Action {
-            requeue_after: Some(after),
-        }
-    }
-
-    /// Look again when something changes.
-    pub fn await_change() -> Self {
-        Action {
-            requeue_after: None,
-        }
-    }
-
-    pub fn requeue_after(&self) -> Option<Duration> {
-        self.requeue_after
-    }
-}
+/// When a reconcile asks to look at its object again: after this long at the latest (sooner
+/// if something changes), or, `None`, only when something changes.
+pub type Again = Option<Duration>;

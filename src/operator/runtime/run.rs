@@ -165,12 +165,11 @@ impl Work<LeaseKey> for Leases {
                 tracing::debug!(lease = %key, "no such lease");
                 return None;
             };
-            let action = match lease::reconcile(lease.clone(), ctx.clone()).await {
-                Ok(action) => action,
+            match lease::reconcile(lease.clone(), ctx.clone()).await {
+                Ok(again) => again,
                 // Logged, counted and reported by the error policy.
                 Err(error) => lease::error_policy(lease, &error, ctx),
-            };
-            action.requeue_after()
+            }
         }
     }
 }
