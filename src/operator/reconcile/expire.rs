@@ -98,7 +98,7 @@ pub async fn confirm_and_expire(
         // The cache missed a heartbeat (a partition, a pause, a lagging watch), or the watch
         // brought one after the decision: the claim renewed after the operator last looked.
         // It gets a full term from now.
-        ctx.memory.heartbeats.observe(uid, beat, now);
+        ctx.memory.heartbeats.observe(uid, beat, None, now);
         info!(
             lease,
             namespace = ns,

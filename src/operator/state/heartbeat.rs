@@ -21,7 +21,7 @@ pub fn beat_of(spec: &FencedLeaseClaimSpec) -> Option<Timestamp> {
 struct Seen {
     beat: Option<Timestamp>,
     changed_at: Instant,
-    /// A hash of the rest of the claim its lease's decision reads (see [`Heartbeats::observe_claim`]).
+    /// A hash of the rest of the claim its lease's decision reads (see [`Heartbeats::observe`]).
     print: Option<u64>,
 }
 
@@ -32,26 +32,11 @@ pub struct Heartbeats {
 }
 
 impl Heartbeats {
-    /// Records the heartbeat value `beat` of claim `uid`, seen at `now`.
-    pub fn observe(&self, uid: &str, beat: Option<Timestamp>, now: Instant) {
-        self.observe_with(uid, beat, None, now);
-    }
-
-    /// Records a watch event of claim `uid`: its heartbeat `beat`, and `print`, a hash of
-    /// everything else of the claim a lease's decision reads. Returns whether that changed
-    /// (or the claim is new): a change of the heartbeat alone needs no reconcile of the lease,
-    /// whose timer already wakes it at the holder's deadline.
-    pub fn observe_claim(
-        &self,
-        uid: &str,
-        beat: Option<Timestamp>,
-        print: u64,
-        now: Instant,
-    ) -> bool {
-        self.observe_with(uid, beat, Some(print), now)
-    }
-
-    fn observe_with(
+    /// Records the heartbeat value `beat` of claim `uid`, seen at `now`, and, from a watch
+    /// event, `print`: a hash of everything else of the claim a lease's decision reads. Returns
+    /// whether that changed (or the claim is new): a change of the heartbeat alone needs no
+    /// reconcile of the lease, whose timer already wakes it at the holder's deadline.
+    pub fn observe(
         &self,
         uid: &str,
         beat: Option<Timestamp>,
@@ -152,10 +137,10 @@ mod tests {
     fn only_a_changed_value_moves_the_clock() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", at(0), t0);
-        hb.observe("a", at(0), t0 + Duration::from_secs(3));
+        hb.observe("a", at(0), None, t0);
+        hb.observe("a", at(0), None, t0 + Duration::from_secs(3));
         assert_eq!(hb.last_change("a", t0 + Duration::from_secs(4)), t0);
-        hb.observe("a", at(5), t0 + Duration::from_secs(5));
+        hb.observe("a", at(5), None, t0 + Duration::from_secs(5));
         assert_eq!(
             hb.last_change("a", t0 + Duration::from_secs(6)),
             t0 + Duration::from_secs(5)
@@ -166,17 +151,17 @@ mod tests {
     fn a_beat_the_watch_brought_after_the_decision_is_life() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", at(0), t0);
+        hb.observe("a", at(0), None, t0);
         // Decided on t0 (silent for a term); the fresh read shows the same value: silent.
         assert!(!hb.moved_since("a", at(0), t0));
         // The fresh read shows a newer value than the operator has seen: alive.
         assert!(hb.moved_since("a", at(5), t0));
         // The watch delivered that newer value between the decision and the check: the
         // values now match, but the clock moved after the decision: alive all the same.
-        hb.observe("a", at(5), t0 + Duration::from_secs(5));
+        hb.observe("a", at(5), None, t0 + Duration::from_secs(5));
         assert!(hb.moved_since("a", at(5), t0));
         // A relist restarted the clock after the decision: alive (a full term from it).
-        hb.observe("b", at(0), t0);
+        hb.observe("b", at(0), None, t0);
         hb.restart_all(t0 + Duration::from_secs(1));
         assert!(hb.moved_since("b", at(0), t0));
         // Never seen: alive.
@@ -187,25 +172,25 @@ mod tests {
     fn only_a_change_besides_the_heartbeat_asks_for_a_reconcile() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        assert!(hb.observe_claim("a", at(0), 1, t0), "a new claim");
-        assert!(!hb.observe_claim("a", at(5), 1, t0), "a heartbeat");
+        assert!(hb.observe("a", at(0), Some(1), t0), "a new claim");
+        assert!(!hb.observe("a", at(5), Some(1), t0), "a heartbeat");
         assert_eq!(
             hb.last_change("a", t0 + Duration::from_secs(9)),
             t0,
             "same instant passed"
         );
-        assert!(hb.observe_claim("a", at(5), 2, t0), "its status changed");
+        assert!(hb.observe("a", at(5), Some(2), t0), "its status changed");
         // A claim first seen by a lease's reconcile is new to the watch too.
         hb.last_change("b", t0);
-        assert!(hb.observe_claim("b", None, 7, t0));
+        assert!(hb.observe("b", None, Some(7), t0));
     }
 
     #[test]
     fn a_relist_restarts_every_clock() {
         let hb = Heartbeats::default();
         let t0 = Instant::now();
-        hb.observe("a", at(0), t0);
-        hb.observe("b", None, t0);
+        hb.observe("a", at(0), None, t0);
+        hb.observe("b", None, None, t0);
         hb.restart_all(t0 + Duration::from_secs(30));
         for uid in ["a", "b"] {
             assert_eq!(

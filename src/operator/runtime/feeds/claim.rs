@@ -121,7 +121,7 @@ fn observe_heartbeats(heartbeats: &Heartbeats, event: &watcher::Event<CachedClai
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
             match &claim.metadata.uid {
                 Some(uid) => {
-                    heartbeats.observe_claim(uid, beat_of(&claim.spec), fingerprint(claim), now)
+                    heartbeats.observe(uid, beat_of(&claim.spec), Some(fingerprint(claim)), now)
                 }
                 None => true,
             }
