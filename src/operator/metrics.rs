@@ -142,14 +142,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn transition(&self, namespace: &str, lease: &str, transition: Transition) {
-        self.transitions.count(namespace, lease, transition);
-    }
-
-    pub fn forget_lease(&self, namespace: &str, lease: &str) {
-        self.transitions.forget(namespace, lease);
-    }
-
     pub fn error(&self, label: &str) {
         self.reconcile_errors
             .get_or_create(&ErrorLabels {
@@ -182,7 +174,8 @@ pub struct TransitionCounts {
 }
 
 impl TransitionCounts {
-    fn count(&self, namespace: &str, lease: &str, transition: Transition) {
+    /// Counts one `transition` of lease `namespace/lease`.
+    pub fn count(&self, namespace: &str, lease: &str, transition: Transition) {
         let mut counts = locked(&self.counts);
         let slot = counts.entry(LeaseKey::new(namespace, lease)).or_default();
         slot[TRANSITIONS
@@ -191,7 +184,8 @@ impl TransitionCounts {
             .unwrap_or(0)] += 1;
     }
 
-    fn forget(&self, namespace: &str, lease: &str) {
+    /// Forgets lease `namespace/lease` (deleted): its series go.
+    pub fn forget(&self, namespace: &str, lease: &str) {
         locked(&self.counts).remove(&LeaseKey::new(namespace, lease));
     }
 }
@@ -360,11 +354,11 @@ mod tests {
     #[test]
     fn exposes_transitions_per_lease() {
         let m = Metrics::default();
-        m.transition("ns", "db", Transition::Granted);
-        m.transition("ns", "db", Transition::Released);
-        m.transition("ns", "db", Transition::Granted);
-        m.transition("ns", "gone", Transition::Granted);
-        m.forget_lease("ns", "gone");
+        m.transitions.count("ns", "db", Transition::Granted);
+        m.transitions.count("ns", "db", Transition::Released);
+        m.transitions.count("ns", "db", Transition::Granted);
+        m.transitions.count("ns", "gone", Transition::Granted);
+        m.transitions.forget("ns", "gone");
         let (cache, mut writer) = kube::runtime::reflector::store::<FencedLease>();
         let mut lease = lease("db", serde_json::json!({}));
         lease.status = Some(crate::api::FencedLeaseStatus {

@@ -57,7 +57,7 @@ pub async fn finalize(
         return Ok(Some(left));
     }
     token_records::remove_finalizer(ctx, api, latest.as_ref().unwrap_or(lease)).await?;
-    ctx.metrics.forget_lease(ns, name);
+    ctx.metrics.transitions.forget(ns, name);
     token_records::forget_read_ahead(ctx, lease);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
     Ok(None)

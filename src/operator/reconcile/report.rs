@@ -23,7 +23,7 @@ pub fn report(ctx: &Context, lease: &FencedLease, before: &FencedLeaseStatus, pl
                 _ => "holder ended",
             };
             info!(lease = %name, namespace = %ns, claim, token = notice.token, reason = notice.reason, "{what}");
-            ctx.metrics.transition(&ns, &name, transition);
+            ctx.metrics.transitions.count(&ns, &name, transition);
         }
         let (type_, reason, action) = (notice.type_, notice.reason, notice.action);
         ctx.events

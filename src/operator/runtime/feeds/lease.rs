@@ -76,7 +76,7 @@ where
 /// (token annotations on pods, its kinds' places in the kinds slots) to be removed.
 fn gone(memory: &Memory, triggers: &Triggers, metrics: &Metrics, lease: &FencedLease) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
-    metrics.forget_lease(&ns, &name);
+    metrics.transitions.forget(&ns, &name);
     memory.positions.forget(&ns, &name);
     let pods = memory.pods_by_lease.get(&ns, &name).into_iter();
     let left = pods
