@@ -100,7 +100,7 @@ pub async fn write_lease_status(
             Step::Done => {
                 let (current, plan, overlaid) = d.into_parts();
                 let claims = overlaid.unwrap_or(gathered.claims);
-                return Ok(written(current, lease, plan, claims));
+                return Ok(Outcome::Written(Box::new((current, lease, plan, claims))));
             }
             Step::Write => match write(ctx, api, &lease, std::mem::take(&mut d.desired)).await? {
                 Wrote::Lease(w) => {
@@ -109,7 +109,7 @@ pub async fn write_lease_status(
                     }
                     let (current, plan, overlaid) = d.into_parts();
                     let claims = overlaid.unwrap_or(gathered.claims);
-                    return Ok(written(current, *w, plan, claims));
+                    return Ok(Outcome::Written(Box::new((current, *w, plan, claims))));
                 }
                 Wrote::Conflict(read) => {
                     lease = *read;
@@ -121,15 +121,6 @@ pub async fn write_lease_status(
         }
     }
     Err(Error::Contended(format!("{ns}/{name}")))
-}
-
-fn written(
-    before: FencedLeaseStatus,
-    lease: FencedLease,
-    plan: Plan,
-    claims: Vec<Arc<CachedClaim>>,
-) -> Outcome {
-    Outcome::Written(Box::new((before, lease, plan, claims)))
 }
 
 /// One round's decision, and what it rests on.
