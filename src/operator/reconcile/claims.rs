@@ -10,13 +10,14 @@ use tokio::time::Instant;
 use super::gather::newest_grant;
 use super::{pods, write_watched};
 use crate::api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, FencedLeaseStatus};
-use crate::operator::context::Context;
+use crate::operator::context::{Context, Kube};
 use crate::operator::core::claim_status::ClaimStatuses;
 use crate::operator::core::decide::Plan;
 use crate::operator::core::transitions::{self, ClaimWas};
 use crate::operator::error::Result;
 use crate::operator::names::MANAGER;
 use crate::operator::state::CachedClaim;
+use crate::operator::state::Memory;
 use crate::operator::state::positions::{self, PositionWrite};
 
 /// Brings every claim of the lease in line with the lease status. First the claims a grant
@@ -41,11 +42,11 @@ pub async fn repair(
     write_all(
         ctx,
         &api,
-        to_write(ctx, status, plan, grant, name),
+        to_write(&ctx.memory, status, plan, grant, name),
         (ns, name),
     )
     .await?;
-    let (now, moves): (Vec<_>, Vec<_>) = to_write(ctx, status, plan, rest, name)
+    let (now, moves): (Vec<_>, Vec<_>) = to_write(&ctx.memory, status, plan, rest, name)
         .into_iter()
         .partition(|(claim, desired)| !positions::only_moved(claim.status.as_ref(), desired));
     let moves = moves
@@ -87,7 +88,7 @@ async fn write_all(
                 .as_ref()
                 .is_some_and(|s| s.has_condition("PodFound", "False")),
         };
-        if !write(ctx, api, &claim, &desired, Over::Any).await? {
+        if !write(&ctx.kube, &ctx.memory, api, &claim, &desired, Over::Any).await? {
             continue;
         }
         let pod = claim.spec.pod_name.as_deref();
@@ -103,7 +104,7 @@ async fn write_all(
 /// Those of `claims` whose status differs from what the lease status implies, with that
 /// status, in the order to write them.
 fn to_write(
-    ctx: &Context,
+    memory: &Memory,
     status: &FencedLeaseStatus,
     plan: &Plan,
     claims: Vec<Arc<CachedClaim>>,
@@ -117,7 +118,7 @@ fn to_write(
         // A claim whose cached copy this operator has already written over: its watch event
         // is on its way and reconciles the lease again; writing now would repeat.
         .filter(|c| {
-            !ctx.memory.written.is_superseded(
+            !memory.written.is_superseded(
                 c.metadata.uid.as_deref(),
                 c.metadata.resource_version.as_deref(),
             )
@@ -129,7 +130,7 @@ fn to_write(
         .filter_map(|c| {
             let held = holder.filter(|h| c.metadata.uid.as_deref() == Some(h.claim_uid.as_str()));
             let granted_to = held.and_then(|h| h.pod_uid.as_deref());
-            let presence = pods::presence(&c, &ctx.memory.pods, granted_to);
+            let presence = pods::presence(&c, &memory.pods, granted_to);
             statuses.change(&c, presence).map(|desired| (c, desired))
         })
         .collect();
@@ -163,7 +164,8 @@ pub fn status_params() -> PatchParams {
 
 /// Writes a claim's status; whether it was written (a claim gone, or already final, is not).
 pub async fn write(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     api: &Api<FencedLeaseClaim>,
     claim: &CachedClaim,
     desired: &FencedLeaseClaimStatus,
@@ -178,7 +180,7 @@ pub async fn write(
     let write = api.patch_status(&claim_name, &params, &patch);
     let meta = &claim.metadata;
     let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
-    match write_watched(ctx, "write claim status", uid, before, write).await {
+    match write_watched(kube, memory, "write claim status", uid, before, write).await {
         Ok(_) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         // The claim reached a final phase the cache has not shown us yet (Expired and

@@ -28,6 +28,7 @@ use crate::api::{ClaimPhase, FencedLeaseClaim};
 use crate::operator::context::Context;
 use crate::operator::core::claim_status;
 use crate::operator::error::{Result, timed};
+use crate::operator::state::Memory;
 use crate::operator::state::claim::CachedClaim;
 use crate::operator::state::heartbeat::beat_of;
 
@@ -70,7 +71,7 @@ pub async fn confirm_and_expire(
 ) -> Result<Confirmed> {
     let (name, uid) = (silent.name, silent.uid);
     let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), ns);
-    if let Some(known) = known_copy(ctx, ns, silent, fresh) {
+    if let Some(known) = known_copy(&ctx.memory, ns, silent, fresh) {
         match expire(ctx, &api, known, lease, silent, fresh).await? {
             // Not the version stored any more: read it, and decide on what it shows.
             Confirmed::Changed => {}
@@ -115,14 +116,14 @@ pub async fn confirm_and_expire(
 /// as the API type, when it may be written `Expired` as it is: it shows the heartbeat the
 /// operator last saw change, no change was seen since the decision, and it is not final yet.
 fn known_copy(
-    ctx: &Context,
+    memory: &Memory,
     ns: &str,
     silent: &Silent<'_>,
     fresh: &Fresh,
 ) -> Option<FencedLeaseClaim> {
     let known = match fresh.get(silent.uid) {
         Some(read) => Arc::new(read.clone()?),
-        None => ctx.memory.claims.get(ns, silent.name)?,
+        None => memory.claims.get(ns, silent.name)?,
     };
     let final_phase = known
         .status
@@ -132,8 +133,7 @@ fn known_copy(
     if known.metadata.uid.as_deref() != Some(silent.uid)
         || known.metadata.resource_version.is_none()
         || final_phase
-        || ctx
-            .memory
+        || memory
             .heartbeats
             .moved_since(silent.uid, beat, silent.seen_at)
     {
@@ -175,7 +175,16 @@ async fn expire(
     let before = claim.metadata.resource_version.as_deref();
     let params = PostParams::default();
     let write = api.replace_status(&name, &params, &update);
-    match write_watched(ctx, "expire claim", Some(&uid), before, write).await {
+    match write_watched(
+        &ctx.kube,
+        &ctx.memory,
+        "expire claim",
+        Some(&uid),
+        before,
+        write,
+    )
+    .await
+    {
         Ok(written) => {
             if let Some(deadline) = silent.deadline {
                 let delay = Instant::now().saturating_duration_since(deadline);

@@ -42,12 +42,12 @@ pub async fn finalize(
         if let Outcome::Written(outcome) = write_lease_status(ctx, api, lease.clone(), None).await?
         {
             let (before, written, plan, claims) = *outcome;
-            report(ctx, &written, &before, &plan);
+            report(&ctx.events, &ctx.metrics, &written, &before, &plan);
             let status = written.status.clone().unwrap_or_default();
             latest = Some(written);
             claims::repair(ctx, &status, &plan, claims, ns, name).await?;
         }
-        pods::repair_annotations(ctx, lease, ns, name).await
+        pods::repair_annotations(&ctx.kube, &ctx.memory, lease, ns, name).await
     };
     if let Err(error) = revoked.await {
         warn!(lease = %name, namespace = %ns, %error, "could not revoke every claim and pod annotation of a deleted lease; the claim reconciler finishes it");
@@ -56,7 +56,13 @@ pub async fn finalize(
         info!(lease = %name, namespace = %ns, wait_ms = left.as_millis() as u64, "lease deleted; its name is kept until its last holder's term has run out");
         return Ok(Some(left));
     }
-    token_records::remove_finalizer(ctx, api, latest.as_ref().unwrap_or(lease)).await?;
+    token_records::remove_finalizer(
+        &ctx.kube,
+        &ctx.memory,
+        api,
+        latest.as_ref().unwrap_or(lease),
+    )
+    .await?;
     ctx.metrics.transitions.forget(ns, name);
     token_records::forget_read_ahead(ctx, lease);
     info!(lease = %name, namespace = %ns, token = last, "lease deleted; last token recorded");
@@ -86,7 +92,7 @@ async fn holders_may_believe(
         .spec
         .lease_duration()
         .max(status.term_duration().unwrap_or_default());
-    let mut claims = claims_of(ctx, ns, name);
+    let mut claims = claims_of(&ctx.memory, ns, name);
     // A followed Lease's holder (no claim) is told by its own leader election; a lease
     // created again under this name continues its tokens from the record.
     if let Some(holder) = status.holder.as_ref().filter(|h| !h.claim.is_empty())

@@ -6,33 +6,34 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
 use crate::api::FollowedTerm;
-use crate::operator::context::Context;
+use crate::operator::context::Kube;
 use crate::operator::core::follow::Followed;
 use crate::operator::error::{Result, timed};
+use crate::operator::state::Memory;
 use crate::operator::state::followed::CachedLease;
 
 /// The followed Lease `ns/name` as the caches have it.
-pub fn cached(ctx: &Context, ns: &str, name: &str) -> Followed {
-    let lease = ctx.memory.followed.get(ns, name);
-    resolve(ctx, lease.as_deref())
+pub fn cached(memory: &Memory, ns: &str, name: &str) -> Followed {
+    let lease = memory.followed.get(ns, name);
+    resolve(memory, lease.as_deref())
 }
 
 /// The followed Lease `ns/name` as the API has it now.
-pub async fn read(ctx: &Context, ns: &str, name: &str) -> Result<Followed> {
-    let api: Api<Lease> = Api::namespaced(ctx.kube.client.clone(), ns);
-    let read = timed("read followed Lease", ctx.kube.timeout, api.get_opt(name)).await?;
-    Ok(resolve(ctx, read.map(CachedLease::from_lease).as_ref()))
+pub async fn read(kube: &Kube, memory: &Memory, ns: &str, name: &str) -> Result<Followed> {
+    let api: Api<Lease> = Api::namespaced(kube.client.clone(), ns);
+    let read = timed("read followed Lease", kube.timeout, api.get_opt(name)).await?;
+    Ok(resolve(memory, read.map(CachedLease::from_lease).as_ref()))
 }
 
 /// The Lease's term and holder, and the pod its holder identity names: the first of its
 /// [`pod names`](CachedLease::holder_pods) that exists in the pod cache.
-fn resolve(ctx: &Context, lease: Option<&CachedLease>) -> Followed {
+fn resolve(memory: &Memory, lease: Option<&CachedLease>) -> Followed {
     let Some(lease) = lease else {
         return Followed::Missing;
     };
     let sought = lease.holder_pods();
     let pod = sought.iter().find_map(|name| {
-        let pod = ctx.memory.pods.get(&lease.namespace, name)?;
+        let pod = memory.pods.get(&lease.namespace, name)?;
         Some((pod.name.clone(), pod.uid.clone()?))
     });
     Followed::Lease {

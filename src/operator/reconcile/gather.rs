@@ -11,12 +11,12 @@ use kube::ResourceExt;
 
 use super::pods;
 use crate::api::{ClaimPhase, FencedLease, FencedLeaseStatus};
-use crate::operator::context::Context;
 use crate::operator::core::decide::{ClaimView, PodPresence};
 use crate::operator::core::follow::Followed;
 use crate::operator::core::step::Known;
 use crate::operator::reconcile::expire::Fresh;
 use crate::operator::state::CachedClaim;
+use crate::operator::state::Memory;
 
 /// What the reconcile has read from the API, over the caches.
 #[derive(Default)]
@@ -55,7 +55,7 @@ pub(super) fn holder_of(status: Option<&FencedLeaseStatus>) -> Holder {
 
 /// The claims' views, each pod's presence judged against the pod the holder was granted to.
 fn views(
-    ctx: &Context,
+    memory: &Memory,
     claims: &[Arc<CachedClaim>],
     holder: &Holder,
     reads: &Reads,
@@ -70,18 +70,18 @@ fn views(
             let confirmed = c.metadata.uid.as_ref().and_then(|u| reads.pods.get(u));
             let pod = confirmed
                 .copied()
-                .unwrap_or_else(|| pods::presence(c, &ctx.memory.pods, granted_to));
-            claim_view(ctx, c, pod, now)
+                .unwrap_or_else(|| pods::presence(c, &memory.pods, granted_to));
+            claim_view(memory, c, pod, now)
         })
         .collect()
 }
 
 impl Gathered {
-    pub(super) fn new(ctx: &Context, lease: &FencedLease) -> Gathered {
+    pub(super) fn new(memory: &Memory, lease: &FencedLease) -> Gathered {
         let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
-        let claims = claims_of(ctx, &ns, &name);
+        let claims = claims_of(memory, &ns, &name);
         let holder = holder_of(lease.status.as_ref());
-        let views = views(ctx, &claims, &holder, &Reads::default());
+        let views = views(memory, &claims, &holder, &Reads::default());
         Gathered {
             claims,
             views,
@@ -92,12 +92,12 @@ impl Gathered {
     /// The claims and their views with what `reads` learnt from the API over the cached
     /// copies, for a lease held by `holder`; borrowed as gathered when nothing was read and
     /// the holder is the one gathered for.
-    pub(super) fn overlaid(&self, ctx: &Context, reads: &Reads, holder: &Holder) -> Overlaid<'_> {
+    pub(super) fn overlaid(&self, memory: &Memory, reads: &Reads, holder: &Holder) -> Overlaid<'_> {
         if reads.fresh.is_empty() && reads.pods.is_empty() && *holder == self.holder {
             return (Cow::Borrowed(&self.claims), Cow::Borrowed(&self.views));
         }
         let claims = overlay(self.claims.clone(), &reads.fresh);
-        let views = views(ctx, &claims, holder, reads);
+        let views = views(memory, &claims, holder, reads);
         (Cow::Owned(claims), Cow::Owned(views))
     }
 }
@@ -116,11 +116,11 @@ pub fn newest_grant(claims: &[Arc<CachedClaim>]) -> i64 {
         .unwrap_or(0)
 }
 
-fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant) -> ClaimView {
+fn claim_view(memory: &Memory, claim: &CachedClaim, pod: PodPresence, now: Instant) -> ClaimView {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     ClaimView {
         name: claim.name_any(),
-        last_beat: ctx.memory.heartbeats.last_change(&uid, now),
+        last_beat: memory.heartbeats.last_change(&uid, now),
         uid,
         created: claim
             .metadata
@@ -134,12 +134,12 @@ fn claim_view(ctx: &Context, claim: &CachedClaim, pod: PodPresence, now: Instant
 }
 
 /// The claims of lease `ns/lease` in the cache, found by index.
-pub fn claims_of(ctx: &Context, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> {
-    ctx.memory
+pub fn claims_of(memory: &Memory, ns: &str, lease: &str) -> Vec<Arc<CachedClaim>> {
+    memory
         .claims_by_lease
         .get(ns, lease)
         .into_iter()
-        .filter_map(|name| ctx.memory.claims.get(ns, &name))
+        .filter_map(|name| memory.claims.get(ns, &name))
         .filter(|c| c.spec.lease_name == lease)
         .collect()
 }

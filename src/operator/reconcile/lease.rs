@@ -17,10 +17,11 @@ use super::write_status::{Outcome, write_lease_status};
 use super::{Again, claims, finalize, pods, token_records, write_watched};
 use crate::api::FencedLease;
 use crate::operator::admission::Check;
-use crate::operator::context::Context;
+use crate::operator::context::{Context, Kube};
 use crate::operator::core::status;
 use crate::operator::error::{Error, Result, truncate};
 use crate::operator::names::LeaseKey;
+use crate::operator::state::Memory;
 use crate::operator::state::failures::RETRY;
 
 /// Look again this soon at a lease whose cached copy lags the operator's own write.
@@ -92,7 +93,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
         // Its token record is read first, ahead of the first claim's grant: the lease as
         // seen with its finalizer has had its record read.
         token_records::read_ahead(ctx, &lease).await;
-        match token_records::add_finalizer(ctx, &api, &lease).await {
+        match token_records::add_finalizer(&ctx.kube, &ctx.memory, &api, &lease).await {
             // Our cached copy is older than the lease: its update event is on its way.
             Err(e) if e.is_conflict() => return Ok(Some(Duration::from_millis(100))),
             Ok(Some(mut written)) if token_records::has_finalizer(&written) => {
@@ -128,7 +129,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
 
     let written = match write_lease_status(ctx, &api, (*lease).clone(), unfenced.as_deref()).await {
         Err(error @ Error::TokenRecord { .. }) => {
-            degrade(ctx, &api, &lease, &error).await;
+            degrade(&ctx.kube, &ctx.memory, &api, &lease, &error).await;
             return Err(error);
         }
         written => written?,
@@ -138,11 +139,11 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
         Outcome::Gone => return Ok(None),
         Outcome::Requeue => return Ok(Some(Duration::from_millis(100))),
     };
-    report(ctx, &lease, &before, &plan);
+    report(&ctx.events, &ctx.metrics, &lease, &before, &plan);
 
     let status = lease.status.clone().unwrap_or_default();
     claims::repair(ctx, &status, &plan, claims, &ns, &name).await?;
-    pods::repair_annotations(ctx, &lease, &ns, &name).await?;
+    pods::repair_annotations(&ctx.kube, &ctx.memory, &lease, &ns, &name).await?;
     fenced?;
 
     // Next at the latest: the holder's deadline, a waiter's, or the resync.
@@ -153,7 +154,13 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the
 /// error is also logged and reported as an Event by the error policy).
-async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, error: &Error) {
+async fn degrade(
+    kube: &Kube,
+    memory: &Memory,
+    api: &Api<FencedLease>,
+    lease: &FencedLease,
+    error: &Error,
+) {
     let mut update = lease.clone();
     update.metadata.managed_fields = None;
     let status = update.status.get_or_insert_with(Default::default);
@@ -175,7 +182,7 @@ async fn degrade(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease, err
     let write = api.replace_status(&name, &params, &update);
     let meta = &lease.metadata;
     let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
-    if let Err(e) = write_watched(ctx, "write lease condition", uid, before, write).await {
+    if let Err(e) = write_watched(kube, memory, "write lease condition", uid, before, write).await {
         tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");
     }
 }

@@ -4,25 +4,21 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::FencedLease;
-use crate::operator::context::Context;
+use crate::operator::context::Kube;
 use crate::operator::error::{Result, timed};
+use crate::operator::state::Memory;
 
 /// Does lease `ns/name` exist? A lease the cache has exists; one it lacks may have been
 /// created a moment ago, so only the API may say it does not.
-pub async fn lease_exists(ctx: &Context, ns: &str, name: &str) -> Result<bool> {
-    if ctx
-        .memory
+pub async fn lease_exists(kube: &Kube, memory: &Memory, ns: &str, name: &str) -> Result<bool> {
+    if memory
         .leases
         .get(&ObjectRef::new(name).within(ns))
         .is_some()
     {
         return Ok(true);
     }
-    let leases: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), ns);
-    let read = timed(
-        "read lease",
-        ctx.kube.timeout,
-        leases.get_metadata_opt(name),
-    );
+    let leases: Api<FencedLease> = Api::namespaced(kube.client.clone(), ns);
+    let read = timed("read lease", kube.timeout, leases.get_metadata_opt(name));
     Ok(read.await?.is_some())
 }

@@ -51,7 +51,9 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         .ok_or_else(|| Error::Unexpected("FencedLeaseClaim without a namespace".into()))?;
     let lease = &claim.spec.lease_name;
     // The lease's own event brings the grant.
-    if claim.metadata.deletion_timestamp.is_some() || lease_exists(ctx, &ns, lease).await? {
+    if claim.metadata.deletion_timestamp.is_some()
+        || lease_exists(&ctx.kube, &ctx.memory, &ns, lease).await?
+    {
         return Ok(None);
     }
     let current = claim.full_status();
@@ -68,7 +70,15 @@ async fn reconcile_claim(claim: &CachedClaim, ctx: &Context) -> Result<Again> {
         let write = api.patch_status(&name, &params, &patch);
         let meta = &claim.metadata;
         let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
-        write_watched(ctx, "write claim status", uid, before, write).await?;
+        write_watched(
+            &ctx.kube,
+            &ctx.memory,
+            "write claim status",
+            uid,
+            before,
+            write,
+        )
+        .await?;
     }
     let (reason, action) = match current.phase {
         Some(ClaimPhase::Granted) => ("Revoked", "Hand-over"),

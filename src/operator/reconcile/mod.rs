@@ -11,8 +11,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::operator::context::Context;
+use crate::operator::context::Kube;
 use crate::operator::error::{Result, timed};
+use crate::operator::state::Memory;
 
 pub mod claims;
 pub mod expire;
@@ -33,14 +34,15 @@ mod write_status;
 /// deadline and through [`OwnWrites::around`](crate::operator::state::own_writes::OwnWrites::around):
 /// every write of an object the operator watches goes this way.
 async fn write_watched<K: kube::Resource>(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     what: &'static str,
     uid: Option<&str>,
     before: Option<&str>,
     call: impl Future<Output = kube::Result<K>>,
 ) -> Result<K> {
-    let write = timed(what, ctx.kube.timeout, call);
-    ctx.memory.written.around(uid, before, write).await
+    let write = timed(what, kube.timeout, call);
+    memory.written.around(uid, before, write).await
 }
 
 /// When a reconcile asks to look at its object again: after this long at the latest (sooner

@@ -67,7 +67,7 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::erro
             return Ok(());
         }
     };
-    if lease_exists(ctx, ns, lease).await? {
+    if lease_exists(&ctx.kube, &ctx.memory, ns, lease).await? {
         return Ok(()); // the lease reconciler owns these
     }
     let key = token_annotation_key(lease);
@@ -78,7 +78,7 @@ async fn remove_if_gone(ctx: &Context, orphan: &Orphan) -> crate::operator::erro
         return Ok(());
     }
     let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
-    set_annotation(ctx, &api, &cached, &key, None).await?;
+    set_annotation(&ctx.kube, &ctx.memory, &api, &cached, &key, None).await?;
     info!(pod = %pod, namespace = %ns, lease = %lease, "removed the token annotation of a lease that no longer exists");
     Ok(())
 }

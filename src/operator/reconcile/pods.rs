@@ -7,9 +7,10 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::api::{FencedLease, token_annotation_key};
-use crate::operator::context::Context;
+use crate::operator::context::Kube;
 use crate::operator::core::decide::PodPresence;
 use crate::operator::error::{Result, timed};
+use crate::operator::state::Memory;
 use crate::operator::state::cache::Cache;
 use crate::operator::state::claim::CachedClaim;
 
@@ -29,15 +30,15 @@ pub fn presence(
 /// Does the pod `claim` names exist, asking the API rather than the cache? For decisions
 /// that end a hold: a pod created after the cache last heard is not a deleted pod.
 pub async fn confirmed_presence(
-    ctx: &Context,
+    kube: &Kube,
     claim: &CachedClaim,
     granted_to: Option<&str>,
 ) -> Result<PodPresence> {
     let (Some(pod_name), Some(ns)) = (&claim.spec.pod_name, &claim.metadata.namespace) else {
         return Ok(PodPresence::NotNamed);
     };
-    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
-    let pod = timed("read pod", ctx.kube.timeout, api.get_metadata_opt(pod_name)).await?;
+    let api: Api<Pod> = Api::namespaced(kube.client.clone(), ns);
+    let pod = timed("read pod", kube.timeout, api.get_metadata_opt(pod_name)).await?;
     Ok(presence_of(
         claim,
         pod.map(CachedPod::from_meta).as_ref(),
@@ -82,7 +83,8 @@ fn presence_of(
 /// Makes the pods of the lease's namespace carry its token annotation exactly when they hold
 /// it: set on the holder's pod (if the lease annotates), removed from every other pod.
 pub async fn repair_annotations(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     lease: &FencedLease,
     ns: &str,
     lease_name: &str,
@@ -103,20 +105,19 @@ pub async fn repair_annotations(
     };
 
     // The annotated pods (by index) and the holder's pod: never a scan of every pod.
-    let mut names = ctx.memory.pods_by_lease.get(ns, lease_name);
+    let mut names = memory.pods_by_lease.get(ns, lease_name);
     names.extend(wanted.as_ref().map(|(name, _, _)| name.clone()));
     names.sort();
     names.dedup();
     let pods = names
         .iter()
-        .filter_map(|name| ctx.memory.pods.get(ns, name))
+        .filter_map(|name| memory.pods.get(ns, name))
         .filter(|p| p.token(lease_name).is_some() || is_wanted(p));
-    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(kube.client.clone(), ns);
     for pod in pods {
         // The cache has not shown this operator's own last write of the pod yet: that write
         // already did what this one would. The pod's event brings the next reconcile.
-        if ctx
-            .memory
+        if memory
             .written
             .is_superseded(pod.uid.as_deref(), pod.resource_version.as_deref())
         {
@@ -131,7 +132,7 @@ pub async fn repair_annotations(
         if current == desired {
             continue;
         }
-        set_annotation(ctx, &api, &pod, &key, desired).await?;
+        set_annotation(kube, memory, &api, &pod, &key, desired).await?;
         tracing::debug!(pod = %name, lease = %lease_name, token = ?desired, "pod annotation set");
     }
     Ok(())
@@ -140,7 +141,8 @@ pub async fn repair_annotations(
 /// Sets (or with `None` removes) annotation `key` on `pod`, preconditioned on the pod's UID:
 /// a pod replaced under the same name since the cache saw it is never written.
 pub async fn set_annotation(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     api: &Api<Pod>,
     pod: &CachedPod,
     key: &str,
@@ -151,7 +153,7 @@ pub async fn set_annotation(
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let write = api.patch_metadata(name, &params, &patch);
     let (uid, before) = (pod.uid.as_deref(), pod.resource_version.as_deref());
-    match write_watched(ctx, "annotate pod", uid, before, write).await {
+    match write_watched(kube, memory, "annotate pod", uid, before, write).await {
         Ok(_) => Ok(()),
         // Gone meanwhile (its claim is released by the pod watch), or replaced by a pod of
         // another UID, which the precondition kept us from writing ("metadata.uid: field is

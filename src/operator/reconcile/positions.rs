@@ -18,10 +18,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::claims::{self, Over};
 use crate::api::{FencedLeaseClaim, FencedLeaseClaimStatus};
-use crate::operator::context::Context;
+use crate::operator::context::{Context, Kube};
 use crate::operator::error::Result;
 use crate::operator::names::LeaseKey;
 use crate::operator::scheduler::Scheduler;
+use crate::operator::state::Memory;
 use crate::operator::state::positions;
 
 /// At most one position write per this long (100/s): a few percent of what the apiserver
@@ -30,22 +31,25 @@ pub const PACE: Duration = Duration::from_millis(10);
 
 /// Writes due positions until `stop`; leases whose positions conflicted go to `again`.
 pub async fn write_due(ctx: Arc<Context>, again: Scheduler<LeaseKey>, stop: CancellationToken) {
+    let (kube, memory) = (&ctx.kube, &ctx.memory);
     let mut pace = Pace(Instant::now());
     loop {
-        let (due, next) = ctx.memory.positions.take_due(Instant::now());
+        let (due, next) = memory.positions.take_due(Instant::now());
         for (ns, lease, writes) in due {
-            let api: Api<FencedLeaseClaim> = Api::namespaced(ctx.kube.client.clone(), &ns);
+            let api: Api<FencedLeaseClaim> = Api::namespaced(kube.client.clone(), &ns);
             for write in writes {
                 if stop.is_cancelled() {
                     return;
                 }
                 let name = &write.claim;
-                let mut result = write_one(&ctx, &api, (&ns, name), &write.status, &mut pace).await;
+                let mut result =
+                    write_one(kube, memory, &api, (&ns, name), &write.status, &mut pace).await;
                 if matches!(&result, Err(e) if e.is_conflict()) {
                     // The claim changed after the cache last saw it (a heartbeat): once more,
                     // on the copy its watch event brings.
                     tokio::time::sleep(PACE * 4).await;
-                    result = write_one(&ctx, &api, (&ns, name), &write.status, &mut pace).await;
+                    result =
+                        write_one(kube, memory, &api, (&ns, name), &write.status, &mut pace).await;
                 }
                 if let Err(e) = result {
                     if !e.is_conflict() {
@@ -60,7 +64,7 @@ pub async fn write_due(ctx: Arc<Context>, again: Scheduler<LeaseKey>, stop: Canc
         let wake = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ctx.memory.positions.changed.notified() => {}
+            _ = memory.positions.changed.notified() => {}
             _ = tokio::time::sleep_until(wake) => {}
         }
     }
@@ -79,16 +83,17 @@ impl Pace {
 /// Writes `status` on claim `ns/name` if its freshest cached copy still only waits for it,
 /// paced (a claim that needs no write costs no wait).
 async fn write_one(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     api: &Api<FencedLeaseClaim>,
     (ns, name): (&str, &str),
     status: &FencedLeaseClaimStatus,
     pace: &mut Pace,
 ) -> Result<()> {
-    let Some(claim) = ctx.memory.claims.get(ns, name) else {
+    let Some(claim) = memory.claims.get(ns, name) else {
         return Ok(()); // gone
     };
-    let stale = ctx.memory.written.is_superseded(
+    let stale = memory.written.is_superseded(
         claim.metadata.uid.as_deref(),
         claim.metadata.resource_version.as_deref(),
     );
@@ -98,7 +103,7 @@ async fn write_one(
     let written = claim.status.as_ref().is_some_and(|s| s == status);
     if !written && positions::only_moved(claim.status.as_ref(), status) {
         pace.wait().await;
-        claims::write(ctx, api, &claim, status, Over::Cached).await?;
+        claims::write(kube, memory, api, &claim, status, Over::Cached).await?;
     }
     Ok(())
 }

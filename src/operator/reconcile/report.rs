@@ -5,13 +5,20 @@ use kube::{Resource, ResourceExt};
 use tracing::info;
 
 use crate::api::{FencedLease, FencedLeaseStatus};
-use crate::operator::context::Context;
 use crate::operator::core::decide::Plan;
 use crate::operator::core::transitions;
+use crate::operator::events::Events;
+use crate::operator::metrics::Metrics;
 
 /// Reports what `plan`, carried out, did to the lease: a log line, the metric, and an Event
 /// per transition.
-pub fn report(ctx: &Context, lease: &FencedLease, before: &FencedLeaseStatus, plan: &Plan) {
+pub fn report(
+    events: &Events,
+    metrics: &Metrics,
+    lease: &FencedLease,
+    before: &FencedLeaseStatus,
+    plan: &Plan,
+) {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     let after = lease.status.clone().unwrap_or_default();
     let reference = lease.object_ref(&());
@@ -23,10 +30,9 @@ pub fn report(ctx: &Context, lease: &FencedLease, before: &FencedLeaseStatus, pl
                 _ => "holder ended",
             };
             info!(lease = %name, namespace = %ns, claim, token = notice.token, reason = notice.reason, "{what}");
-            ctx.metrics.transitions.count(&ns, &name, transition);
+            metrics.transitions.count(&ns, &name, transition);
         }
         let (type_, reason, action) = (notice.type_, notice.reason, notice.action);
-        ctx.events
-            .event_about(&reference, notice.claim, type_, reason, action, notice.note);
+        events.event_about(&reference, notice.claim, type_, reason, action, notice.note);
     }
 }

@@ -23,8 +23,9 @@ use serde_json::json;
 
 use super::write_watched;
 use crate::api::FencedLease;
-use crate::operator::context::Context;
+use crate::operator::context::{Context, Kube};
 use crate::operator::error::{Error, Result, timed};
+use crate::operator::state::Memory;
 
 /// Finalizer that records the lease's last token before it is deleted.
 pub const FINALIZER: &str = "fencing.dev/token-high-water-mark";
@@ -273,18 +274,20 @@ pub async fn before_first_grant(ctx: &Context, lease: &FencedLease) -> Result<i6
 /// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost;
 /// the lease as written, `None` when it is gone.
 pub async fn add_finalizer(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     api: &Api<FencedLease>,
     lease: &FencedLease,
 ) -> Result<Option<FencedLease>> {
     let mut finalizers = lease.metadata.finalizers.clone().unwrap_or_default();
     finalizers.push(FINALIZER.to_string());
-    patch_finalizers(ctx, api, lease, finalizers).await
+    patch_finalizers(kube, memory, api, lease, finalizers).await
 }
 
 /// Removes the finalizer (idempotent), guarded by the lease's resourceVersion.
 pub async fn remove_finalizer(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     api: &Api<FencedLease>,
     lease: &FencedLease,
 ) -> Result<()> {
@@ -299,13 +302,14 @@ pub async fn remove_finalizer(
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_finalizers(ctx, api, lease, finalizers)
+    patch_finalizers(kube, memory, api, lease, finalizers)
         .await
         .map(drop)
 }
 
 async fn patch_finalizers(
-    ctx: &Context,
+    kube: &Kube,
+    memory: &Memory,
     api: &Api<FencedLease>,
     lease: &FencedLease,
     finalizers: Vec<String>,
@@ -316,7 +320,7 @@ async fn patch_finalizers(
     let write = api.patch(&name, &params, &patch);
     let meta = &lease.metadata;
     let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
-    match write_watched(ctx, "patch lease finalizers", uid, before, write).await {
+    match write_watched(kube, memory, "patch lease finalizers", uid, before, write).await {
         Ok(written) => Ok(Some(written)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),

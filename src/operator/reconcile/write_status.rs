@@ -14,7 +14,7 @@ use super::gather::{Gathered, Reads, holder_of, newest_grant};
 use super::pods;
 use super::{follow, token_records, write_watched};
 use crate::api::{FencedLease, FencedLeaseClaim, FencedLeaseStatus};
-use crate::operator::context::Context;
+use crate::operator::context::{Context, Kube};
 use crate::operator::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
 use crate::operator::core::follow::{FollowView, decide_follow};
 use crate::operator::core::status;
@@ -53,14 +53,14 @@ pub async fn write_lease_status(
 ) -> Result<Outcome> {
     let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
     let mut reads = Reads::default();
-    let mut gathered = Gathered::new(ctx, &lease);
+    let mut gathered = Gathered::new(&ctx.memory, &lease);
     // The lease changed under this reconcile (another replica wrote it, say): what the caches
     // showed of its claims when it began may be older than that write, so they are gathered
     // again, as fresh as the caches are now.
     let mut lease_moved = false;
     for _ in 0..MAX_STEPS {
         if std::mem::take(&mut lease_moved) {
-            gathered = Gathered::new(ctx, &lease);
+            gathered = Gathered::new(&ctx.memory, &lease);
             // Read again after this copy: a read older than it may be older than its holder.
             reads.known.followed_read = false;
             reads.followed = None;
@@ -75,7 +75,7 @@ pub async fn write_lease_status(
         match next_step(&reads.known, &round) {
             Step::ReadLease => {
                 reads.known.lease_read = true;
-                match reread(ctx, api, &lease).await? {
+                match reread(&ctx.kube, api, &lease).await? {
                     Reread::Lease(read) => {
                         lease_moved =
                             read.metadata.resource_version != lease.metadata.resource_version;
@@ -89,7 +89,8 @@ pub async fn write_lease_status(
             Step::Expire => expire(ctx, &ns, &name, lease.term(), &d, &mut reads.fresh).await?,
             Step::ReadFollowed => {
                 if let Some(follow) = &lease.spec.follow {
-                    reads.followed = Some(follow::read(ctx, &ns, &follow.lease).await?);
+                    reads.followed =
+                        Some(follow::read(&ctx.kube, &ctx.memory, &ns, &follow.lease).await?);
                 }
                 reads.known.followed_read = true;
             }
@@ -156,7 +157,7 @@ fn decide_round<'g>(
 ) -> Decided<'g> {
     let current = lease.status.clone().unwrap_or_default();
     let holder = holder_of(Some(&current));
-    let (claims, views) = gathered.overlaid(ctx, reads, &holder);
+    let (claims, views) = gathered.overlaid(&ctx.memory, reads, &holder);
     let plan = match &lease.spec.follow {
         Some(follow) => decide_followed(ctx, lease, &follow.lease, &current, unfenced, reads),
         None => decide_claims(lease, &current, &views, holder.0, unfenced, reads),
@@ -224,7 +225,7 @@ fn decide_followed(
     let seen = match &reads.followed {
         Some(read) => read,
         None => {
-            cached = follow::cached(ctx, &ns, followed);
+            cached = follow::cached(&ctx.memory, &ns, followed);
             &cached
         }
     };
@@ -250,10 +251,10 @@ enum Reread {
 }
 
 /// The lease as the API has it now.
-async fn reread(ctx: &Context, api: &Api<FencedLease>, lease: &FencedLease) -> Result<Reread> {
+async fn reread(kube: &Kube, api: &Api<FencedLease>, lease: &FencedLease) -> Result<Reread> {
     let name = lease.name_any();
     Ok(
-        match timed("read lease", ctx.kube.timeout, api.get_opt(&name)).await? {
+        match timed("read lease", kube.timeout, api.get_opt(&name)).await? {
             Some(read) if read.metadata.uid == lease.metadata.uid => Reread::Lease(Box::new(read)),
             Some(_) => Reread::Replaced,
             None => Reread::Gone,
@@ -317,7 +318,16 @@ async fn write(
     let write = api.replace_status(&name, &params, &update);
     let meta = &lease.metadata;
     let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
-    match write_watched(ctx, "write lease status", uid, before, write).await {
+    match write_watched(
+        &ctx.kube,
+        &ctx.memory,
+        "write lease status",
+        uid,
+        before,
+        write,
+    )
+    .await
+    {
         Ok(written) => Ok(Wrote::Lease(Box::new(written))),
         Err(e) if e.is_conflict() => {
             ctx.metrics.conflicts.inc();
@@ -361,7 +371,7 @@ async fn confirm_holder(ctx: &Context, ns: &str, d: &Decided<'_>, reads: &mut Re
     {
         return Ok(()); // a new claim of the same name, or being released
     }
-    let pod = pods::confirmed_presence(ctx, &claim, holder.pod_uid.as_deref()).await?;
+    let pod = pods::confirmed_presence(&ctx.kube, &claim, holder.pod_uid.as_deref()).await?;
     if pod == PodPresence::Missing && ended.reason == EndReason::PodDeleted {
         return Ok(()); // really gone
     }
