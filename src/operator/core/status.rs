@@ -61,42 +61,10 @@ pub fn lease_status(
     next.waiting = i32::try_from(plan.queue.len()).unwrap_or(i32::MAX);
     next.observed_generation = generation;
 
-    let held = match (&next.holder, plan.tokens_exhausted, &plan.unfenced) {
-        (Some(h), _, _) if h.lease.is_some() => (
-            "True",
-            "Held",
-            format!(
-                "held by {} (pod {}), the holder of Lease {}, with token {}",
-                h.identity,
-                h.pod_name.as_deref().unwrap_or_default(),
-                h.lease.as_ref().map_or("", |l| l.name.as_str()),
-                next.fencing_token
-            ),
-        ),
-        (Some(h), _, _) => (
-            "True",
-            "Held",
-            format!("held by {} with token {}", h.identity, next.fencing_token),
-        ),
-        (None, _, Some(cause)) => ("False", "FenceNotInForce", cause.clone()),
-        (None, true, None) => (
-            "False",
-            "TokensExhausted",
-            "no token is left to issue; see spec.minToken".to_string(),
-        ),
-        (None, false, None) => match &plan.follows {
-            Some(follow) => follow::not_held(follow),
-            None => ("False", "Free", "no claim is waiting".to_string()),
-        },
-    };
+    let (status, reason, message) = held(&next, plan);
+    let conditions = &mut next.conditions;
     set_condition(
-        &mut next.conditions,
-        "Held",
-        held.0,
-        held.1,
-        &held.2,
-        generation,
-        now,
+        conditions, "Held", status, reason, &message, generation, now,
     );
     if next
         .conditions
@@ -114,6 +82,38 @@ pub fn lease_status(
         );
     }
     next
+}
+
+/// The `Held` condition's status, reason and message for a lease status after `plan`.
+fn held(status: &FencedLeaseStatus, plan: &Plan) -> (&'static str, &'static str, String) {
+    match (&status.holder, plan.tokens_exhausted, &plan.unfenced) {
+        (Some(h), _, _) if h.lease.is_some() => (
+            "True",
+            "Held",
+            format!(
+                "held by {} (pod {}), the holder of Lease {}, with token {}",
+                h.identity,
+                h.pod_name.as_deref().unwrap_or_default(),
+                h.lease.as_ref().map_or("", |l| l.name.as_str()),
+                status.fencing_token
+            ),
+        ),
+        (Some(h), _, _) => (
+            "True",
+            "Held",
+            format!("held by {} with token {}", h.identity, status.fencing_token),
+        ),
+        (None, _, Some(cause)) => ("False", "FenceNotInForce", cause.clone()),
+        (None, true, None) => (
+            "False",
+            "TokensExhausted",
+            "no token is left to issue; see spec.minToken".to_string(),
+        ),
+        (None, false, None) => match &plan.follows {
+            Some(follow) => follow::not_held(follow),
+            None => ("False", "Free", "no claim is waiting".to_string()),
+        },
+    }
 }
 
 /// Sets condition `type_`, keeping its transition time when its status does not change.

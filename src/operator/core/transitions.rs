@@ -47,41 +47,14 @@ pub fn notices(
     let mut notices = Vec::new();
     let followed = plan.follows.as_ref().map_or("", |f| f.lease.as_str());
     if let (Some(ended), Some(holder)) = (&plan.ended, &before.holder) {
-        let who = who(holder);
-        let token = before.fencing_token;
-        let (reason, transition, note) = match ended.reason {
-            EndReason::Expired => (
-                "Expired",
-                Transition::Expired,
-                format!(
-                    "{who} expired with token {token}: no heartbeat for {}s",
-                    before.term_seconds(spec)
-                ),
-            ),
-            EndReason::Released => (
-                "Released",
-                Transition::Released,
-                format!("{who} released token {token}"),
-            ),
-            EndReason::PodDeleted => revoked(&who, token, "its pod was deleted"),
-            EndReason::LeaseDeleted => revoked(&who, token, "the lease is being deleted"),
-            EndReason::Revoked => revoked(&who, token, "its claim was revoked"),
-            EndReason::Followed if holder.lease.is_none() => {
-                revoked(&who, token, "the lease follows a coordination Lease now")
-            }
-            EndReason::Followed => {
-                revoked(&who, token, &format!("Lease {followed} no longer names it"))
-            }
-        };
-        notices.push(Notice {
-            transition: Some(transition),
-            type_: EventType::Normal,
-            reason,
-            action: "Hand-over",
-            note,
-            claim: claim_of(ns, holder),
-            token,
-        });
+        notices.push(ended_notice(
+            ns,
+            before,
+            spec,
+            ended.reason,
+            holder,
+            followed,
+        ));
     }
     if let Some(grant) = &plan.grant {
         let holder = after.holder.clone().unwrap_or_default();
@@ -122,6 +95,53 @@ pub fn notices(
         });
     }
     notices
+}
+
+/// The notice of `holder`'s term ending for `why`, as status `before` named it; `followed`:
+/// the coordination Lease the lease follows, if any.
+fn ended_notice(
+    ns: &str,
+    before: &FencedLeaseStatus,
+    spec: &FencedLeaseSpec,
+    why: EndReason,
+    holder: &LeaseHolder,
+    followed: &str,
+) -> Notice {
+    let who = who(holder);
+    let token = before.fencing_token;
+    let (reason, transition, note) = match why {
+        EndReason::Expired => (
+            "Expired",
+            Transition::Expired,
+            format!(
+                "{who} expired with token {token}: no heartbeat for {}s",
+                before.term_seconds(spec)
+            ),
+        ),
+        EndReason::Released => (
+            "Released",
+            Transition::Released,
+            format!("{who} released token {token}"),
+        ),
+        EndReason::PodDeleted => revoked(&who, token, "its pod was deleted"),
+        EndReason::LeaseDeleted => revoked(&who, token, "the lease is being deleted"),
+        EndReason::Revoked => revoked(&who, token, "its claim was revoked"),
+        EndReason::Followed if holder.lease.is_none() => {
+            revoked(&who, token, "the lease follows a coordination Lease now")
+        }
+        EndReason::Followed => {
+            revoked(&who, token, &format!("Lease {followed} no longer names it"))
+        }
+    };
+    Notice {
+        transition: Some(transition),
+        type_: EventType::Normal,
+        reason,
+        action: "Hand-over",
+        note,
+        claim: claim_of(ns, holder),
+        token,
+    }
 }
 
 /// What a claim's status said before it is written again.

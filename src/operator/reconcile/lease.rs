@@ -3,6 +3,7 @@
 //! lease status (the linearization point: one write carrying the resourceVersion it was
 //! decided on), then repair claim statuses and pod annotations from it.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,28 +86,9 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
         // reconcile; the requeue is only a safety net.
         return Ok(Some(STALE_RETRY));
     }
-    let lease = if token_records::has_finalizer(&lease) {
-        lease
-    } else {
-        // No token is issued before the finalizer that will record it is in place; the
-        // lease as written carries it, so the grant goes on in this same reconcile.
-        // Its token record is read first, ahead of the first claim's grant: the lease as
-        // seen with its finalizer has had its record read.
-        token_records::read_ahead(ctx, &lease).await;
-        match token_records::add_finalizer(&ctx.kube, &ctx.memory, &api, &lease).await {
-            // Our cached copy is older than the lease: its update event is on its way.
-            Err(e) if e.is_conflict() => return Ok(Some(Duration::from_millis(100))),
-            Ok(Some(mut written)) if token_records::has_finalizer(&written) => {
-                written.metadata.managed_fields = None;
-                Arc::new(written)
-            }
-            result => {
-                // Gone before its finalizer: nothing will be granted.
-                token_records::forget_read_ahead(ctx, &lease);
-                result?;
-                return Ok(None);
-            }
-        }
+    let lease = match with_finalizer(ctx, &api, lease).await? {
+        ControlFlow::Continue(lease) => lease,
+        ControlFlow::Break(again) => return Ok(again),
     };
 
     // The fence comes before any grant: a lease whose fence is not in force grants no one
@@ -150,6 +132,36 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
     let idle = Instant::now() + ctx.resync_after();
     let wake = plan.wake_at.map_or(idle, |at| at.min(idle));
     Ok(Some(wake.saturating_duration_since(Instant::now())))
+}
+
+/// The lease with the operator's finalizer, added if it is missing, or when to look again.
+/// No token is issued before the finalizer that will record it is in place; the lease as
+/// written carries it, so the grant goes on in this same reconcile. Its token record is read
+/// first, ahead of the first claim's grant: the lease as seen with its finalizer has had its
+/// record read.
+async fn with_finalizer(
+    ctx: &Context,
+    api: &Api<FencedLease>,
+    lease: Arc<FencedLease>,
+) -> Result<ControlFlow<Again, Arc<FencedLease>>> {
+    if token_records::has_finalizer(&lease) {
+        return Ok(ControlFlow::Continue(lease));
+    }
+    token_records::read_ahead(ctx, &lease).await;
+    match token_records::add_finalizer(&ctx.kube, &ctx.memory, api, &lease).await {
+        // Our cached copy is older than the lease: its update event is on its way.
+        Err(e) if e.is_conflict() => Ok(ControlFlow::Break(Some(Duration::from_millis(100)))),
+        Ok(Some(mut written)) if token_records::has_finalizer(&written) => {
+            written.metadata.managed_fields = None;
+            Ok(ControlFlow::Continue(Arc::new(written)))
+        }
+        result => {
+            // Gone before its finalizer: nothing will be granted.
+            token_records::forget_read_ahead(ctx, &lease);
+            result?;
+            Ok(ControlFlow::Break(None))
+        }
+    }
 }
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the
