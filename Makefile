@@ -15,27 +15,8 @@ demo-follow: ## an unmodified client-go leader election fenced by a FencedLease 
 	@hack/deps
 	@hack/demo-follow
 
-# The Rust test binaries (Cargo.toml lists each), and those that need no more than the control
-# plane, PostgreSQL and Redis: all but the chart's, which needs Helm.
-RUST_TESTS := $(shell sed -n '/^\[\[test\]\]/{n;s/^name = "\(.*\)"/\1/p}' Cargo.toml)
-CLUSTER_TESTS := $(filter-out chart,$(RUST_TESTS))
-
-test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, and the compatibility suite on the oldest supported Kubernetes (hack/compat)
-	@hack/deps
-	@hack/tools start target/tools
-	@$(MAKE) --no-print-directory lint-rust
-	$(CARGO) test --locked --all-features --lib --bins --tests --no-run
-	@hack/tools wait target/tools control-plane
-	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
-	eval "$$(hack/datastores up)" && eval "$$(FL_CP_AUDIT=1 hack/control-plane up)" && \
-	$(CARGO) test --locked --all-features --lib --bins $(addprefix --test ,$(CLUSTER_TESTS)) && \
-	$(CARGO) test --locked --all-features --doc && \
-	hack/tools wait target/tools && hack/go-lint && \
-	$(MAKE) --no-print-directory chart-test monitoring-test && \
-	$(CARGO) test --locked --all-features --test chart && \
-	hack/compat && \
-	FL_OPERATOR_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/fenced-lease-operator hack/go-test; \
-	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
+test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, and the compatibility suite on the oldest supported Kubernetes (hack/compat); no test that measures time runs beside a build (hack/test)
+	@hack/test
 
 soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \

@@ -9,6 +9,8 @@ mod checker;
 mod history;
 #[path = "jepsen/stale.rs"]
 mod stale;
+#[path = "jepsen/step_downs.rs"]
+mod step_downs;
 
 use checker::{Config, Kind, Report, check};
 use history::{Entry, Event, FaultKind, LogEntry, Resource, Target};

@@ -46,6 +46,7 @@ use std::fmt;
 
 use crate::history::{Entry, Event, FaultKind, LogEntry, Resource};
 use crate::stale::{self, Identity};
+use crate::step_downs::{StepDown, step_downs};
 
 /// Checker settings.
 #[derive(Clone, Debug)]
@@ -237,6 +238,8 @@ pub struct Report {
     handovers: Vec<(i64, String)>,
     pub collateral: Collateral,
     pub fence_edits: FenceEdits,
+    /// The operator replicas' step-downs, with the fault that explains each.
+    pub step_downs: Vec<StepDown>,
 }
 
 impl Report {
@@ -251,13 +254,18 @@ impl Report {
         self.violations.iter().filter(|v| v.kind == kind).count()
     }
 
+    /// Step-downs that no fault explains: the test bed was too slow for a replica to renew its
+    /// leader lease (not a violation; printed beside the verdict).
+    pub fn test_bed_step_downs(&self) -> impl Iterator<Item = &StepDown> {
+        self.step_downs.iter().filter(|s| s.cause.is_none())
+    }
+
     /// The earliest violation.
     pub fn first_violation(&self) -> Option<&Violation> {
         self.violations.iter().min_by_key(|v| v.at)
     }
 
     /// Seconds since the start of the history, for messages.
-    #[allow(dead_code)] // used by the suite, not by the checker's tests
     pub fn secs(&self, t: u64) -> String {
         secs(self.start, t)
     }
@@ -404,6 +412,22 @@ impl fmt::Display for Report {
             e.valid_accepted,
             e.in_force,
             e.not_in_force,
+        )?;
+        let by_faults = self.step_downs.iter().filter(|s| s.cause.is_some()).count();
+        let test_bed: Vec<String> = self
+            .test_bed_step_downs()
+            .map(|s| format!("{} at {}", s.process, self.secs(s.at)))
+            .collect();
+        writeln!(
+            f,
+            "operator step-downs (a replica that could not renew its leader lease): {} caused by faults, {} by nothing the run did (the test bed){}",
+            by_faults,
+            test_bed.len(),
+            if test_bed.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", test_bed.join(", "))
+            },
         )
     }
 }
@@ -427,6 +451,7 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
     collateral(&entries, &mut report);
     fence_edits(&entries, &mut report);
     crashes(&entries, &mut report);
+    report.step_downs = step_downs(&entries);
     report.violations.sort_by_key(|v| v.at);
     // The margin expiry leaves.
     report.closest_handover = report.handovers.iter().map(|(gap, _)| *gap).min();

@@ -35,6 +35,7 @@ mod nemesis;
 mod pods;
 mod run;
 mod stale;
+mod step_downs;
 mod worker;
 mod workload;
 mod writes;

@@ -234,6 +234,11 @@ fn check(dir: &std::path::Path, options: &Options) -> bool {
         entries.len()
     );
     println!("{report}");
+    if report.test_bed_step_downs().next().is_some() {
+        println!(
+            "jepsen: TEST-BED WARNING: an operator replica stepped down with no fault acting on it (above): the machine was too slow for it to renew its leader lease (a build beside the suite?); a liveness violation near it may be the test bed's, not the operator's"
+        );
+    }
     match report.first_violation() {
         None => {
             println!("jepsen: no violations");
