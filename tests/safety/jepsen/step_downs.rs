@@ -133,13 +133,13 @@ mod tests {
         ];
         let entries: Vec<&Entry> = entries.iter().collect();
         let found = step_downs(&entries);
-        let causes: Vec<_> = found.iter().map(|s| (s.process.as_str(), s.cause)).collect();
+        let causes: Vec<_> = found
+            .iter()
+            .map(|s| (s.process.as_str(), s.cause))
+            .collect();
         assert_eq!(
             causes,
-            [
-                ("op-0.0", Some(FaultKind::PauseOperator)),
-                ("op-1.0", None),
-            ],
+            [("op-0.0", Some(FaultKind::PauseOperator)), ("op-1.0", None),],
             "a pause of a holder does not explain a replica's step-down; a kill is no step-down"
         );
     }
