@@ -1148,3 +1148,81 @@ fn a_process_that_panicked_is_caught() {
     let report = h.check();
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
+
+// ---- operator step-downs (jepsen/step_downs.rs) ----
+
+fn step_entry(t: u64, ev: Event) -> Entry {
+    Entry {
+        t: t * 1_000_000_000,
+        p: "x".into(),
+        ev,
+    }
+}
+
+fn step_exit(t: u64, process: &str, status: &str) -> Entry {
+    step_entry(
+        t,
+        Event::Exited {
+            process: process.into(),
+            status: status.into(),
+        },
+    )
+}
+
+fn step_fault(t: u64, kind: FaultKind, start: bool) -> Entry {
+    let detail = String::new();
+    step_entry(
+        t,
+        if start {
+            Event::FaultStart {
+                kind,
+                detail,
+                target: None,
+                lease: None,
+            }
+        } else {
+            Event::FaultEnd { kind, detail }
+        },
+    )
+}
+
+#[test]
+fn a_step_down_inside_or_just_after_an_operator_fault_is_the_faults() {
+    let entries = [
+        step_fault(10, FaultKind::PauseOperator, true),
+        step_fault(15, FaultKind::PauseOperator, false),
+        step_exit(16, "op-0.0", "exit status: 1"),
+        step_fault(30, FaultKind::PauseHolder, true),
+        step_exit(31, "op-1.0", "exit status: 1"),
+        step_fault(40, FaultKind::PauseHolder, false),
+        step_exit(50, "op-0.1", "signal: 9 (SIGKILL)"),
+        step_exit(60, "holder-1", "exit status: 1"),
+    ];
+    let entries: Vec<&Entry> = entries.iter().collect();
+    let found = step_downs::step_downs(&entries);
+    let causes: Vec<_> = found
+        .iter()
+        .map(|s| (s.process.as_str(), s.cause))
+        .collect();
+    assert_eq!(
+        causes,
+        [("op-0.0", Some(FaultKind::PauseOperator)), ("op-1.0", None),],
+        "a pause of a holder does not explain a replica's step-down; a kill is no step-down"
+    );
+}
+
+#[test]
+fn a_step_down_long_after_the_fault_is_the_test_beds() {
+    let entries = [
+        step_fault(10, FaultKind::RestartApiserver, true),
+        step_fault(12, FaultKind::RestartApiserver, false),
+        step_exit(21, "op-0.0", "exit status: 1"),
+        step_exit(23, "op-0.1", "exit status: 1"),
+    ];
+    let entries: Vec<&Entry> = entries.iter().collect();
+    let causes: Vec<_> = step_downs::step_downs(&entries)
+        .into_iter()
+        .map(|s| s.cause)
+        .collect();
+    assert_eq!(causes, [Some(FaultKind::RestartApiserver), None]);
+}
