@@ -136,7 +136,11 @@ pub fn not_holder(error: &kube::Error) -> Option<&str> {
 impl From<kube::Error> for Error {
     fn from(error: kube::Error) -> Self {
         if let Some((presented, highest)) = refusal(&error) {
-            return Error::Fenced { presented, highest };
+            return Error::Fenced {
+                scope: None,
+                presented,
+                highest,
+            };
         }
         match not_holder(&error) {
             Some(what) => Error::NotHolder(what.to_string()),
@@ -185,7 +189,8 @@ mod tests {
             e,
             Error::Fenced {
                 presented: 6,
-                highest: 7
+                highest: 7,
+                ..
             }
         ));
     }

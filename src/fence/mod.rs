@@ -6,10 +6,10 @@
 //! - [`kube`]: Kubernetes objects, checked by the apiserver itself (ValidatingAdmissionPolicy,
 //!   `deploy/admission/fence-policy.yaml`); helpers stamp the lease label and token annotation.
 //! - `postgres` (feature `postgres`): SQL the database enforces for any client
-//!   (`fence/postgres/`: a check function and a trigger); an update, an upsert, and a guard
-//!   for a whole transaction.
+//!   (`fence/postgres/`): tables bound to a scope, every write of them checked against the
+//!   scope's mark ([`postgres::Scope`]); and per-row marks ([`postgres::FencedTable`]).
 //! - `redis` (feature `redis`): a Redis Function library any client can `FCALL`
-//!   (`fence/redis/`), comparing and writing in one step.
+//!   (`fence/redis/`), comparing and writing in one step; a scope's keys share one fence key.
 //!
 //! Every guard reports a stale writer the same way: [`Error::Fenced`].
 
@@ -33,14 +33,22 @@ pub enum Error {
     /// The resource has accepted a higher token: the writer is stale (its lease was taken
     /// over) and must stop, not retry.
     #[error(
-        "fenced out: token {presented} is lower than {highest}, the highest token the resource has accepted"
+        "fenced out: token {presented} is lower than {highest}, the highest token {} has accepted",
+        scope.as_deref().map_or("the resource".to_string(), |s| format!("scope {s}"))
     )]
     Fenced {
+        /// The scope whose mark refused it, where the resource names one (a PostgreSQL
+        /// scope; a Redis fence key).
+        scope: Option<String>,
         /// The token this write carried.
         presented: i64,
         /// The token the resource holds (the highest it has accepted).
         highest: i64,
     },
+    /// The resource refused a write that presented no token (a PostgreSQL table bound to a
+    /// scope): a statement outside a fenced transaction, a bug in the caller.
+    #[error("{0}")]
+    NoToken(String),
     /// The apiserver refused the write because the writer's pod does not hold the lease that
     /// fences the object (the identity rule, I11): the writer is stale and must stop.
     #[error("fenced out: {0}")]
@@ -73,6 +81,16 @@ impl Error {
     /// writer no longer holds the lease?
     pub fn is_fenced(&self) -> bool {
         matches!(self, Error::Fenced { .. } | Error::NotHolder(_))
+    }
+
+    /// Was the write refused by a mark above `lease_token`, the lease's last issued token
+    /// (its current holder's)? No holder of the lease ever had such a token: the mark is not a
+    /// newer holder's but a lost one's (a database restored from a backup, a lease re-created
+    /// with its token records lost, or a client that presented a token of its own making).
+    /// Every write of the scope is refused until someone resets the mark deliberately
+    /// (PostgreSQL: `fenced_lease.reset`), which retrying cannot fix.
+    pub fn mark_ahead_of(&self, lease_token: i64) -> bool {
+        matches!(self, Error::Fenced { highest, .. } if *highest > lease_token)
     }
 }
 
@@ -114,6 +132,7 @@ mod tests {
     #[test]
     fn fenced_error_names_both_tokens() {
         let e = Error::Fenced {
+            scope: None,
             presented: 7,
             highest: 9,
         };
@@ -122,6 +141,27 @@ mod tests {
             e.to_string(),
             "fenced out: token 7 is lower than 9, the highest token the resource has accepted"
         );
+        let e = Error::Fenced {
+            scope: Some("account-42".into()),
+            presented: 7,
+            highest: 9,
+        };
+        assert_eq!(
+            e.to_string(),
+            "fenced out: token 7 is lower than 9, the highest token scope account-42 has accepted"
+        );
+    }
+
+    #[test]
+    fn a_mark_above_the_leases_last_token_is_told_apart_from_a_newer_holder() {
+        let refused = |highest| Error::Fenced {
+            scope: None,
+            presented: 7,
+            highest,
+        };
+        assert!(!refused(8).mark_ahead_of(8), "a newer holder has token 8");
+        assert!(refused(9).mark_ahead_of(8), "no holder of the lease had 9");
+        assert!(!Error::NotHolder("x".into()).mark_ahead_of(0));
     }
 
     #[test]

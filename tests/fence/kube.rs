@@ -82,7 +82,8 @@ async fn object_rule_refuses_a_lower_token_and_accepts_an_equal_one() {
         fence::Error::from(refused),
         fence::Error::Fenced {
             presented: 6,
-            highest: 7
+            highest: 7,
+            ..
         }
     ));
     assert_eq!(data_of(&api.get("ledger").await.unwrap()), "newer holder");
@@ -196,7 +197,9 @@ async fn concurrent_writers_never_leave_a_lower_token_after_a_higher_one() {
                         Ok(_) => break,
                         Err(kube::Error::Api(s)) if s.code == 409 => continue,
                         Err(e) => match fence::Error::from(e) {
-                            fence::Error::Fenced { presented, highest } => {
+                            fence::Error::Fenced {
+                                presented, highest, ..
+                            } => {
                                 assert_eq!(presented, token);
                                 assert!(highest > token);
                                 refused.fetch_add(1, Ordering::Relaxed);
@@ -324,7 +327,7 @@ async fn lease_rule_refuses_tokens_below_the_lease_s_current_token() {
     assert!(message.contains("stamp yours first"), "{message}");
     let stale = fence::kube::delete(&api, "a-1", "payouts", ta).await;
     assert!(
-        matches!(stale, Err(fence::Error::Fenced { presented, highest }) if presented == ta && highest == tb),
+        matches!(stale, Err(fence::Error::Fenced { presented, highest, .. }) if presented == ta && highest == tb),
         "{stale:?}"
     );
     fence::kube::delete(&api, "a-1", "payouts", tb)

@@ -4,6 +4,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "postgres_scopes.rs"]
+mod scopes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,7 +85,9 @@ async fn history(client: &Client, table: &str) -> Vec<i64> {
 
 fn fenced(result: Result<(), Error>) -> (i64, i64) {
     match result {
-        Err(Error::Fenced { presented, highest }) => (presented, highest),
+        Err(Error::Fenced {
+            presented, highest, ..
+        }) => (presented, highest),
         other => panic!("expected Fenced, got {other:?}"),
     }
 }
@@ -182,7 +186,9 @@ where
                     let token = rand::random_range(0..1000);
                     match write(token).await {
                         Ok(()) => {}
-                        Err(Error::Fenced { presented, highest }) => {
+                        Err(Error::Fenced {
+                            presented, highest, ..
+                        }) => {
                             assert!(presented == token && highest > token);
                             refused.fetch_add(1, Ordering::Relaxed);
                         }
@@ -328,7 +334,11 @@ async fn psql_refused(conninfo: &str, sql: &str) -> String {
 /// The error psql prints for a token refused by the database, and the Rust guard's error
 /// for the same refusal, side by side.
 fn psql_refusal(presented: i64, highest: i64) -> String {
-    let rust = Error::Fenced { presented, highest };
+    let rust = Error::Fenced {
+        scope: None,
+        presented,
+        highest,
+    };
     format!("ERROR:  {FENCED_SQLSTATE}: {rust}\nDETAIL:  presented={presented} highest={highest}\n")
 }
 
@@ -450,7 +460,8 @@ async fn psql_and_the_rust_guard_get_the_same_refusal() {
         Error::from(raw),
         Error::Fenced {
             presented: 6,
-            highest: 7
+            highest: 7,
+            ..
         }
     ));
     let from_guard = payouts

@@ -4,6 +4,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "redis_scopes.rs"]
+mod scopes;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,7 +52,8 @@ async fn stale_token_is_refused_and_equal_token_accepted() {
             stale,
             Err(Error::Fenced {
                 presented: 6,
-                highest: 7
+                highest: 7,
+                ..
             })
         ),
         "{stale:?}"
@@ -141,7 +144,9 @@ async fn concurrent_writers_never_leave_a_lower_token_after_a_higher_one() {
                     let value = token.to_string();
                     match call(&mut conn, &history, token, &["RPUSH", &value]).await {
                         Ok(_) => {}
-                        Err(Error::Fenced { presented, highest }) => {
+                        Err(Error::Fenced {
+                            presented, highest, ..
+                        }) => {
                             assert!(presented == token && highest > token);
                             refused.fetch_add(1, Ordering::Relaxed);
                         }
@@ -214,7 +219,7 @@ async fn redis_cli_loads_the_library_and_gets_the_same_refusal_as_the_rust_guard
     );
     let malformed = fcall_cli("fenced_set", &payout, &["06", "stale"]).await;
     assert!(
-        malformed.starts_with("ERR invalid fencing token 06"),
+        malformed.starts_with("BADTOKEN invalid fencing token 06"),
         "{malformed}"
     );
     assert_eq!(
@@ -231,7 +236,8 @@ async fn redis_cli_loads_the_library_and_gets_the_same_refusal_as_the_rust_guard
             guard,
             Err(Error::Fenced {
                 presented: 6,
-                highest: 7
+                highest: 7,
+                ..
             })
         ),
         "{guard:?}"
@@ -272,7 +278,10 @@ async fn redis_cli_loads_the_library_and_gets_the_same_refusal_as_the_rust_guard
         None,
     )
     .await;
-    assert!(wrong.starts_with("ERR the fence key of"), "{wrong}");
+    assert!(
+        wrong.starts_with("BADFENCEKEY elsewhere is not a fence key of"),
+        "{wrong}"
+    );
     let written: Vec<String> = conn.lrange(&list, 0, -1).await.unwrap();
     assert_eq!(written, ["by the guard", "by redis-cli"]);
 }
@@ -328,7 +337,8 @@ async fn the_rust_guard_loads_the_library_where_it_is_missing() {
             stale,
             Err(Error::Fenced {
                 presented: 6,
-                highest: 7
+                highest: 7,
+                ..
             })
         ),
         "{stale:?}"

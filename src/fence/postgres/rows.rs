@@ -1,28 +1,25 @@
-//! PostgreSQL rows fenced by the database itself (feature `postgres`, on `tokio-postgres`).
-//!
-//! The check is SQL shipped in this repository, [`MIGRATION`]
-//! (`fence/postgres/001_fenced_lease.sql`), so that every client gets it, whatever its
-//! language: the schema `fenced_lease` with the check `fenced_lease.accept(highest, token)`
-//! and a trigger, installed on a table by `fenced_lease.enable(table)`, that refuses any
-//! write presenting a token lower than the row's. Each fenced row carries the highest token
-//! that wrote it, in the column [`FENCE_COLUMN`]. A write here is one statement,
+//! Per-row fences (migration 001): each row carries the highest token that wrote it, in the
+//! column [`FENCE_COLUMN`], and a trigger installed by `fenced_lease.enable(table)` refuses a
+//! write presenting a lower token than the row's. A write here is one statement,
 //!
 //! ```sql
 //! UPDATE t SET fence_token = fenced_lease.accept(fence_token, $t), c1 = $1, ... WHERE key = $k
 //! ```
 //!
-//! so the check runs on the locked row and the check and the write are one atomic step. The
-//! database refuses a lower token with SQLSTATE `FL001` ([`FENCED_SQLSTATE`]), which becomes
-//! [`Error::Fenced`] (so does the same refusal of any statement of yours converted with `?`).
-//! A write that is more than one statement starts its transaction with that statement
-//! ([`FencedTable::begin`]): the row lock it takes holds until commit, so every other writer of
-//! the row waits, and the whole transaction is fenced by one check.
+//! so the check runs on the locked row and the check and the write are one atomic step. A
+//! write that is more than one statement starts its transaction with that statement
+//! ([`FencedTable::begin`]): the row lock it takes holds until commit.
+//!
+//! A row's mark fences only that row: an insert of another row, a delete and a re-insert, a
+//! statement that presents no token all pass. New tables are bound to a scope instead
+//! ([`super::Scope`]); this mode stays for tables that have it until their owner moves them
+//! (`fenced_lease.enable(table, scope)` takes over their marks).
 //!
 //! ```no_run
 //! # async fn demo(client: &mut tokio_postgres::Client, token: i64) -> Result<(), fenced_lease::fence::Error> {
 //! use fenced_lease::fence::postgres::FencedTable;
 //! let payouts = FencedTable::new("payouts", &["account"]);
-//! payouts.add_fence_column(&*client).await?; // installs the migration if missing, enables the table
+//! payouts.add_fence_column(&*client).await?; // installs the migrations if missing, enables the table
 //! payouts.update(&*client, &[&42_i64], &[("paid_by", &"worker-a")], token).await?;
 //!
 //! let tx = payouts.begin(client, &[&42_i64], token).await?; // row locked, token checked and recorded
@@ -38,67 +35,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
-use super::{Error, check_token};
+use super::{install_if_missing, quote, quote_path};
+use crate::fence::{Error, check_token};
 
 /// The column holding the highest token accepted for a row.
 pub const FENCE_COLUMN: &str = "fence_token";
-
-/// The SQL that fences rows in the database: `fence/postgres/001_fenced_lease.sql`.
-/// Idempotent; run it in one transaction ([`install`] does).
-pub const MIGRATION: &str = include_str!("../../fence/postgres/001_fenced_lease.sql");
-
-/// The SQLSTATE of a refused token; its DETAIL reads `presented=<token> highest=<token>`.
-pub const FENCED_SQLSTATE: &str = "FL001";
-
-/// Installs (or upgrades) the schema `fenced_lease`: runs [`MIGRATION`] as one transaction
-/// (or within the caller's). Needs the privilege to create a schema in the database.
-pub async fn install(client: &impl GenericClient) -> Result<(), Error> {
-    client.batch_execute(MIGRATION).await?;
-    Ok(())
-}
-
-/// Installs [`MIGRATION`] unless `fenced_lease.accept` exists already.
-async fn install_if_missing(client: &impl GenericClient) -> Result<(), Error> {
-    let installed: bool = client
-        .query_one(
-            "SELECT to_regprocedure('fenced_lease.accept(bigint,bigint)') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .get(0);
-    if !installed {
-        install(client).await?;
-    }
-    Ok(())
-}
-
-/// The tokens of a refusal's DETAIL, `presented=<token> highest=<token>`.
-fn refused_tokens(detail: &str) -> Option<(i64, i64)> {
-    let (mut presented, mut highest) = (None, None);
-    for field in detail.split_whitespace() {
-        match field.split_once('=') {
-            Some(("presented", value)) => presented = value.parse().ok(),
-            Some(("highest", value)) => highest = value.parse().ok(),
-            _ => {}
-        }
-    }
-    Some((presented?, highest?))
-}
-
-/// A refusal by the database (SQLSTATE `FL001`) is [`Error::Fenced`]; anything else is
-/// [`Error::Postgres`].
-impl From<tokio_postgres::Error> for Error {
-    fn from(error: tokio_postgres::Error) -> Self {
-        let refused = error
-            .as_db_error()
-            .filter(|db| db.code().code() == FENCED_SQLSTATE)
-            .and_then(|db| refused_tokens(db.detail()?));
-        match refused {
-            Some((presented, highest)) => Error::Fenced { presented, highest },
-            None => Error::Postgres(error),
-        }
-    }
-}
 
 /// A value to bind to a statement parameter.
 pub type Value<'a> = &'a (dyn ToSql + Sync);
@@ -113,22 +54,17 @@ pub struct FencedTable {
     installed: Arc<AtomicBool>,
 }
 
-/// `name` as a quoted SQL identifier.
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 impl FencedTable {
     /// The rows of `table`, each identified by the values of `key_columns`.
     pub fn new(table: &str, key_columns: &[&str]) -> Self {
         FencedTable {
-            table: table.split('.').map(quote).collect::<Vec<_>>().join("."),
+            table: quote_path(table),
             key_columns: key_columns.iter().map(|c| quote(c)).collect(),
             installed: Arc::default(),
         }
     }
 
-    /// Fences the table for every client: installs [`MIGRATION`] if it is missing, then
+    /// Fences the table for every client: installs the migrations if they are missing, then
     /// `fenced_lease.enable(table)` adds the fence column (`BIGINT NOT NULL DEFAULT 0`) if it
     /// is missing and the trigger that refuses lower tokens. Idempotent.
     pub async fn add_fence_column(&self, client: &impl GenericClient) -> Result<(), Error> {
@@ -283,14 +219,19 @@ impl FencedTable {
     }
 }
 
-/// A transaction holding the lock of a fenced row, opened by [`FencedTable::begin`]. Use it
-/// as a [`Transaction`] (it derefs to one), then [`commit`](Self::commit).
+/// A fenced transaction: one holding the lock of a fenced row ([`FencedTable::begin`]), or one
+/// whose writes present a token to their scopes ([`super::Scope::begin`]). Use it as a
+/// [`Transaction`] (it derefs to one), then [`commit`](Self::commit).
 pub struct FencedTransaction<'c> {
     tx: Transaction<'c>,
     token: i64,
 }
 
 impl<'c> FencedTransaction<'c> {
+    pub(crate) fn new(tx: Transaction<'c>, token: i64) -> Self {
+        FencedTransaction { tx, token }
+    }
+
     /// The token this transaction writes with.
     pub fn token(&self) -> i64 {
         self.token
@@ -326,13 +267,5 @@ mod tests {
         let t = FencedTable::new("app.pay\"outs", &["Account", "day"]);
         assert_eq!(t.table, "\"app\".\"pay\"\"outs\"");
         assert_eq!(t.key_predicate(3), "\"Account\" = $3 AND \"day\" = $4");
-    }
-
-    #[test]
-    fn refusal_detail_names_both_tokens() {
-        assert_eq!(refused_tokens("presented=6 highest=7"), Some((6, 7)));
-        assert_eq!(refused_tokens("highest=9 presented=0"), Some((0, 9)));
-        assert_eq!(refused_tokens("presented=6"), None);
-        assert_eq!(refused_tokens("presented=x highest=7"), None);
     }
 }
