@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use fenced_lease::api::FencedLease;
 use fenced_lease::fence::kube::stamp;
-use fenced_lease::fence::postgres::FencedTable;
+use fenced_lease::fence::postgres::Scope;
 use fenced_lease::holder::{AcquireOptions, acquire};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
@@ -144,7 +144,7 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
         ..AuthInfo::default()
     };
     let client = Client::try_from(config)?;
-    let db = postgres().await?;
+    let mut db = postgres().await?;
     let options = AcquireOptions::default()
         .identity(name)
         .wait(Duration::from_secs(60));
@@ -156,12 +156,12 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
         format!("granted lease {LEASE} with token {token}"),
     );
     let row = db
-        .query_one(
-            &format!("SELECT paid_by FROM {table} WHERE account = 42"),
+        .query_opt(
+            &format!("SELECT paid_by FROM {table} WHERE account = 42 LIMIT 1"),
             &[],
         )
         .await?;
-    let paid_by: Option<String> = row.get(0);
+    let paid_by: Option<String> = row.map(|r| r.get(0));
     if let Some(by) = paid_by {
         report(Event::Done, format!("ledger: already paid by {by}"));
         return Ok(true);
@@ -211,18 +211,28 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
         token,
         written.map(drop),
     );
-    let ledger = FencedTable::new(&table, &["account"]);
-    let written = ledger
-        .update(&db, &[&42_i64], &[("paid_by", &name)], token)
-        .await;
+    // The payout ledger is append-only: a payout is a new row, in a transaction presenting the
+    // token to the ledger's scope (the lease).
+    let written = async {
+        let tx = Scope::of_lease(&args.namespace, LEASE)
+            .begin(&mut db, token)
+            .await?;
+        tx.execute(
+            &format!("INSERT INTO {table} (account, amount, paid_by) VALUES (42, 100, $1)"),
+            &[&name],
+        )
+        .await?;
+        tx.commit().await
+    }
+    .await;
     match written {
         Ok(()) => report(
             Event::Accepted,
-            format!("ACCEPTED  PostgreSQL {table} row 42 <- token {token}"),
+            format!("ACCEPTED  PostgreSQL {table}: payout to account 42 <- token {token}"),
         ),
         Err(e) if e.is_fenced() => report(
             Event::Refused,
-            format!("REFUSED   by PostgreSQL ({table} row 42): {e}"),
+            format!("REFUSED   by PostgreSQL ({table}, payout to account 42): {e}"),
         ),
         Err(e) => report(Event::Failed, format!("FAILED    PostgreSQL: {e}")),
     }
@@ -384,12 +394,12 @@ async fn demo(args: &Args) -> Result<bool> {
     let db = postgres().await?;
     let table = format!("payouts_{:08x}", rand::random::<u32>());
     db.batch_execute(&format!(
-        "CREATE TABLE {table} (account BIGINT PRIMARY KEY, paid_by TEXT);
-         INSERT INTO {table} (account) VALUES (42);"
+        "CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, account BIGINT NOT NULL, amount BIGINT NOT NULL, paid_by TEXT NOT NULL)"
     ))
     .await?;
-    FencedTable::new(&table, &["account"])
-        .add_fence_column(&db)
+    // Every write of the ledger presents a token of the lease, checked against its scope.
+    Scope::of_lease(&args.namespace, LEASE)
+        .enable(&db, &table)
         .await?;
     let outcome = play(args, &client, &db, &table).await;
     // Clean up whatever happened: the lease (its finalizer and binding go with it), the table.
@@ -492,7 +502,7 @@ async fn play(
 ) -> Result<bool> {
     set_up(args, client).await?;
     println!(
-        "Two workers pay account 42's dividend under FencedLease {}/{LEASE} ({LEASE_SECONDS}s lease,\nfenceObjects, and every ConfigMap fenced by kind). Each runs in a pod of its own, replaces the\npayout ConfigMap dividend-42-2024q4 (a plain delete, then a write), writes a receipt ConfigMap\nand row 42 of PostgreSQL table {table}, stamped with its fencing token.\n",
+        "Two workers pay account 42's dividend under FencedLease {}/{LEASE} ({LEASE_SECONDS}s lease,\nfenceObjects, and every ConfigMap fenced by kind). Each runs in a pod of its own, replaces the\npayout ConfigMap dividend-42-2024q4 (a plain delete, then a write), writes a receipt ConfigMap\nand appends the payout to PostgreSQL ledger {table}, each with its fencing token.\n",
         args.namespace
     );
     let (t0, t0_ms) = (Instant::now(), epoch_ms());
@@ -561,21 +571,26 @@ async fn play(
         }
     }
 
-    let row = db
-        .query_one(
-            &format!("SELECT paid_by, fence_token FROM {table} WHERE account = 42"),
+    let payouts = db
+        .query(
+            &format!("SELECT paid_by, fence_token FROM {table} WHERE account = 42 ORDER BY id"),
             &[],
         )
         .await?;
-    let (paid_by, token): (Option<String>, i64) = (row.get(0), row.get(1));
+    let paid: Vec<(String, i64)> = payouts.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let paid_by = match paid.as_slice() {
+        [(by, _)] => Some(by.clone()),
+        _ => None,
+    };
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
     let payout = configmaps.get("dividend-42-2024q4").await?;
     let cm_paid_by = payout.data.as_ref().and_then(|d| d.get("paidBy").cloned());
     let a_receipt = configmaps.get_opt("receipt-worker-a").await?.is_some();
     println!();
     println!(
-        "Ledger: PostgreSQL row 42 paid by {} (token {token}); ConfigMap paid by {}; worker-a's receipt {}.",
-        paid_by.as_deref().unwrap_or("nobody"),
+        "Ledger: {} payout(s) to account 42 in PostgreSQL {:?}; ConfigMap paid by {}; worker-a's receipt {}.",
+        paid.len(),
+        paid,
         cm_paid_by.as_deref().unwrap_or("nobody"),
         if a_receipt {
             "EXISTS"
@@ -591,7 +606,7 @@ async fn play(
         && !a_receipt;
     if ok {
         println!(
-            "OK: the dividend was paid once. All 4 stale writes of worker-a were refused (3 by the apiserver, a plain delete among them, 1 by PostgreSQL)."
+            "OK: the dividend was paid once. All 4 stale writes of worker-a were refused (3 by the apiserver, a plain delete among them; 1 by PostgreSQL, its insert of a second payout)."
         );
     } else {
         println!(

@@ -7,10 +7,11 @@
 //   - Kubernetes objects, checked by the apiserver itself (the admission policies of
 //     deploy/admission/): Stamp, Delete, and NewClient, a controller-runtime client that
 //     stamps every write with the current token;
-//   - PostgreSQL rows, checked by SQL shipped in this repository (fence/postgres/), through
-//     pgx: Table;
+//   - PostgreSQL, checked by SQL shipped in this repository (fence/postgres/), through pgx:
+//     tables bound to a scope (postgres.Scope), every write checked against its mark, and
+//     per-row marks (postgres.Table);
 //   - Redis and Valkey keys, checked by a Redis Function library (fence/redis/), through
-//     go-redis: RedisSet, RedisCall.
+//     go-redis: a scope's keys under one mark (redis.Scope), or a key's own (redis.Set, Call).
 //
 // Every guard reports a stale writer the same way: a *Fenced error (errors.Is(err,
 // ErrFenced)), or a *NotHolder when the apiserver refused the writer's pod by identity.
@@ -34,8 +35,15 @@ var ErrInvalidToken = errors.New("invalid fencing token")
 // the operator issues none above it.
 const MaxToken int64 = 1<<53 - 1
 
+// ErrNoToken is a write the resource refused because it presented no token (a PostgreSQL
+// table bound to a scope): a statement outside a fenced transaction, a bug in the caller.
+var ErrNoToken = errors.New("no fencing token presented")
+
 // Fenced says a write was refused because the resource has accepted a higher token.
 type Fenced struct {
+	// Scope is the scope whose mark refused it, where the resource names one (a PostgreSQL
+	// scope, a Redis fence key); empty otherwise.
+	Scope string
 	// Presented is the token the write carried.
 	Presented int64
 	// Highest is the token the resource holds (the highest it has accepted).
@@ -46,8 +54,18 @@ type Fenced struct {
 }
 
 func (f *Fenced) Error() string {
-	return fmt.Sprintf("fenced out: token %d is lower than %d, the highest token the resource has accepted", f.Presented, f.Highest)
+	what := "the resource"
+	if f.Scope != "" {
+		what = "scope " + f.Scope
+	}
+	return fmt.Sprintf("fenced out: token %d is lower than %d, the highest token %s has accepted", f.Presented, f.Highest, what)
 }
+
+// MarkAheadOf says whether the refusal came from a mark above leaseToken, the lease's last
+// issued token: no holder of the lease ever had it, so it is not a newer holder's but a lost
+// one's (a database restored from a backup, a lease re-created with its token records lost).
+// Every write is refused until the mark is reset deliberately; retrying cannot fix it.
+func (f *Fenced) MarkAheadOf(leaseToken int64) bool { return f.Highest > leaseToken }
 
 // Is matches ErrFenced.
 func (f *Fenced) Is(target error) bool { return target == ErrFenced }

@@ -31,7 +31,7 @@ async fn two_runs_on_one_lease_take_turns_with_growing_tokens() {
     ns.create_lease("db-migrate", 5);
     let log = scratch(&ns, "log");
     let script = format!(
-        "echo \"start $FENCE_TOKEN $FENCE_HOLDER\" >> {log}; sleep 1; echo \"end $FENCE_TOKEN $FENCE_HOLDER\" >> {log}",
+        "echo \"start $FENCE_TOKEN $FENCE_HOLDER $FENCE_SCOPE\" >> {log}; sleep 1; echo \"end $FENCE_TOKEN $FENCE_HOLDER\" >> {log}",
         log = log.display()
     );
     let run = |who: &str| {
@@ -68,9 +68,9 @@ async fn two_runs_on_one_lease_take_turns_with_growing_tokens() {
     assert_eq!(
         lines,
         [
-            format!("start {first_token} first"),
+            format!("start {first_token} first {}/db-migrate", ns.name),
             format!("end {first_token} first"),
-            format!("start {second_token} second"),
+            format!("start {second_token} second {}/db-migrate", ns.name),
             format!("end {second_token} second"),
         ],
         "the runs overlapped or were out of order"

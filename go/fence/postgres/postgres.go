@@ -1,17 +1,21 @@
-// Package postgres fences PostgreSQL rows through pgx: the check is SQL shipped in this
-// repository (fence/postgres/001_fenced_lease.sql, embedded here as Migration), so every
-// client gets it whatever its language. A fenced table carries, per row, the highest token
-// that wrote it in the column fence_token, and a trigger refuses any write presenting a lower
-// one with SQLSTATE FL001, which becomes *fence.Fenced. A write here is one statement,
+// Package postgres fences PostgreSQL through pgx: the check is SQL shipped in this
+// repository (fence/postgres/, embedded here as Migrations), so every client gets it whatever
+// its language. A refusal has SQLSTATE FL001 and becomes *fence.Fenced.
 //
-//	UPDATE t SET fence_token = fenced_lease.accept(fence_token, $1), c1 = $2 ... WHERE key = $k
+// A Scope is the resource a lease protects: a table bound to it refuses every write (insert,
+// update, delete, upsert, MERGE, COPY, TRUNCATE) presenting a token lower than the scope's
+// mark, and every write presenting none (fence.ErrNoToken). A transaction presents its token
+// once (Scope.Begin: SET LOCAL fenced_lease.token):
 //
-// so the check runs on the locked row: check and write are one atomic step.
-//
-//	payouts := postgres.NewTable("payouts", "account")
-//	err := payouts.Enable(ctx, pool) // installs the migration if missing
-//	err = payouts.Update(ctx, pool, []any{42}, map[string]any{"paid_by": "a"}, token)
+//	scope := postgres.ScopeOfLease("shop", "payouts")
+//	err := scope.Enable(ctx, pool, "payouts") // installs the migrations if missing
+//	tx, err := scope.Begin(ctx, pool, token)
+//	_, err = tx.Exec(ctx, "INSERT INTO payouts (account, amount) VALUES (42, 100)")
+//	err = postgres.Check(tx.Commit(ctx))
 //	if errors.Is(err, fence.ErrFenced) { /* a newer holder exists: stop */ }
+//
+// A Table keeps a mark per row (migration 001): it fences only the rows the holder already
+// wrote, and stays for the tables that use it.
 package postgres
 
 import (
@@ -29,17 +33,28 @@ import (
 
 // Migration is fence/postgres/001_fenced_lease.sql: the schema fenced_lease, its check
 // fenced_lease.accept(highest, token) and the trigger fenced_lease.enable(table) installs.
-// Idempotent; Install runs it as one transaction.
 //
 //go:embed 001_fenced_lease.sql
 var Migration string
+
+// MigrationScopes is fence/postgres/002_scopes.sql: one mark per scope, tables bound to a
+// scope or by a column.
+//
+//go:embed 002_scopes.sql
+var MigrationScopes string
+
+// Migrations are the SQL that fences tables, in order; each is idempotent and Install runs
+// each as one transaction.
+var Migrations = []string{Migration, MigrationScopes}
 
 const (
 	// FenceColumn holds the highest token accepted for a row.
 	FenceColumn = "fence_token"
 	// FencedSQLState is the SQLSTATE of a refused token; its DETAIL reads
-	// presented=<token> highest=<token>.
+	// scope=<scope> presented=<token> highest=<token> (without the scope for a row of 001).
 	FencedSQLState = "FL001"
+	// NoTokenSQLState is the SQLSTATE of a write to a bound table that presented no token.
+	NoTokenSQLState = "FL003"
 )
 
 // ErrNoRow says the row a fenced write names does not exist.
@@ -56,25 +71,61 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Install installs (or upgrades) the schema fenced_lease: Migration as one implicit
-// transaction (a multi-statement query). Needs the privilege to create a schema.
+// Install installs (or upgrades) the schema fenced_lease: each of Migrations as one implicit
+// transaction (a multi-statement query). Needs the privileges to create a schema and a role.
 func Install(ctx context.Context, db DB) error {
-	_, err := db.Exec(ctx, Migration)
-	return Check(err)
+	for _, migration := range Migrations {
+		if _, err := db.Exec(ctx, migration); err != nil {
+			return Check(err)
+		}
+	}
+	return nil
 }
 
-// Check turns a refusal by the database (SQLSTATE FL001) into *fence.Fenced; any other
-// error is returned as it is. Use it on statements of your own that present a token.
+// installIfMissing installs Migrations unless the newest is there.
+func installIfMissing(ctx context.Context, db DB) error {
+	var installed bool
+	err := db.QueryRow(ctx, "SELECT to_regprocedure('fenced_lease.enable_by_column(regclass,name)') IS NOT NULL").Scan(&installed)
+	if err != nil || installed {
+		return err
+	}
+	return Install(ctx, db)
+}
+
+// Check turns a refusal by the database (SQLSTATE FL001) into *fence.Fenced, and a write
+// that presented no token (FL003) into an error matching fence.ErrNoToken; any other error is
+// returned as it is. Use it on statements of your own that present a token.
 func Check(err error) error {
 	var pg *pgconn.PgError
-	if err == nil || !errors.As(err, &pg) || pg.Code != FencedSQLState {
+	if err == nil || !errors.As(err, &pg) {
 		return err
 	}
-	var presented, highest int64
-	if _, scanErr := fmt.Sscanf(pg.Detail, "presented=%d highest=%d", &presented, &highest); scanErr != nil {
-		return err
+	switch pg.Code {
+	case NoTokenSQLState:
+		return fmt.Errorf("%w: %s", fence.ErrNoToken, pg.Message)
+	case FencedSQLState:
+		if f := refusal(pg.Detail); f != nil {
+			return f
+		}
 	}
-	return &fence.Fenced{Presented: presented, Highest: highest}
+	return err
+}
+
+// refusal reads a refusal's DETAIL: scope=<scope> presented=<t> highest=<h> (the scope runs
+// to the last " presented="), or 001's presented=<t> highest=<h>; nil if it reads neither.
+func refusal(detail string) *fence.Fenced {
+	f := &fence.Fenced{}
+	if rest, ok := strings.CutPrefix(detail, "scope="); ok {
+		at := strings.LastIndex(rest, " presented=")
+		if at < 0 {
+			return nil
+		}
+		f.Scope, detail = rest[:at], rest[at+1:]
+	}
+	if _, err := fmt.Sscanf(detail, "presented=%d highest=%d", &f.Presented, &f.Highest); err != nil {
+		return nil
+	}
+	return f
 }
 
 // Table is a table whose rows are fenced, each identified by its key columns. Names are
@@ -86,32 +137,30 @@ type Table struct {
 
 // NewTable is table name, its rows identified by keyColumns.
 func NewTable(name string, keyColumns ...string) *Table {
-	parts := strings.Split(name, ".")
-	for i, p := range parts {
-		parts[i] = pgx.Identifier{p}.Sanitize()
-	}
 	keys := make([]string, len(keyColumns))
 	for i, k := range keyColumns {
 		keys[i] = pgx.Identifier{k}.Sanitize()
 	}
-	return &Table{name: strings.Join(parts, "."), keys: keys}
+	return &Table{name: quotePath(name), keys: keys}
 }
 
-// Enable fences the table for every client: installs Migration if it is missing, then
+// quotePath quotes name (schema.table allowed) as SQL identifiers.
+func quotePath(name string) string {
+	parts := strings.Split(name, ".")
+	for i, p := range parts {
+		parts[i] = pgx.Identifier{p}.Sanitize()
+	}
+	return strings.Join(parts, ".")
+}
+
+// Enable fences the table's rows for every client: installs Migrations if missing, then
 // fenced_lease.enable(table) adds the fence column (BIGINT NOT NULL DEFAULT 0) if missing
 // and the trigger that refuses lower tokens. Idempotent.
 func (t *Table) Enable(ctx context.Context, db DB) error {
-	var installed bool
-	err := db.QueryRow(ctx, "SELECT to_regprocedure('fenced_lease.accept(bigint,bigint)') IS NOT NULL").Scan(&installed)
-	if err != nil {
+	if err := installIfMissing(ctx, db); err != nil {
 		return err
 	}
-	if !installed {
-		if err := Install(ctx, db); err != nil {
-			return err
-		}
-	}
-	_, err = db.Exec(ctx, "SELECT fenced_lease.enable($1::text::regclass)", t.name)
+	_, err := db.Exec(ctx, "SELECT fenced_lease.enable($1::text::regclass)", t.name)
 	return err
 }
 

@@ -82,13 +82,63 @@ func TestTheDatabaseRefusesALowerTokenWithBothTokens(t *testing.T) {
 	}
 }
 
-// The embedded SQL is the repository's fence/postgres/001_fenced_lease.sql.
-func TestTheEmbeddedMigrationIsTheRepositorys(t *testing.T) {
-	want, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "fence", "postgres", "001_fenced_lease.sql"))
+// The embedded SQL is the repository's fence/postgres/.
+func TestTheEmbeddedMigrationsAreTheRepositorys(t *testing.T) {
+	for file, embedded := range map[string]string{"001_fenced_lease.sql": postgres.Migration, "002_scopes.sql": postgres.MigrationScopes} {
+		want, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "fence", "postgres", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(want) != embedded {
+			t.Fatalf("go/fence/postgres/%s differs from fence/postgres/: copy it again", file)
+		}
+	}
+}
+
+// A stale holder's insert of a second payout into a table bound to a scope is refused, and
+// so is a write that presents no token.
+func TestATableBoundToAScopeRefusesAStaleInsertAndATokenlessWrite(t *testing.T) {
+	ctx, conn := connect(t)
+	table := "go_ledger_" + testenv.RandomSuffix()
+	if _, err := conn.Exec(ctx, "CREATE TABLE "+table+" (id bigserial PRIMARY KEY, account bigint, amount bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), "DROP TABLE "+table) })
+	scope, err := postgres.NewScope("go-" + table)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(want) != postgres.Migration {
-		t.Fatal("go/fence/postgres/001_fenced_lease.sql differs from fence/postgres/: copy it again")
+	if err := scope.Enable(ctx, conn, table); err != nil {
+		t.Fatal(err)
+	}
+	pay := func(token int64) error {
+		tx, err := scope.Begin(ctx, conn, token)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := tx.Exec(ctx, "INSERT INTO "+table+" (account, amount) VALUES (42, 100)"); err != nil {
+			return postgres.Check(err)
+		}
+		return postgres.Check(tx.Commit(ctx))
+	}
+	if err := pay(8); err != nil {
+		t.Fatal(err)
+	}
+	err = pay(7)
+	var f *fence.Fenced
+	if !errors.As(err, &f) || f.Presented != 7 || f.Highest != 8 || f.Scope != scope.String() {
+		t.Fatalf("err = %v, want Fenced{%s, 7, 8}", err, scope)
+	}
+	_, err = conn.Exec(ctx, "UPDATE "+table+" SET amount = 0")
+	if err := postgres.Check(err); !errors.Is(err, fence.ErrNoToken) {
+		t.Fatalf("a tokenless update: %v", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d payouts, %v", n, err)
+	}
+	if highest, ok, err := scope.Highest(ctx, conn); err != nil || !ok || highest != 8 {
+		t.Fatalf("Highest = %d, %v, %v", highest, ok, err)
 	}
 }

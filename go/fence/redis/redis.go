@@ -1,13 +1,17 @@
 // Package redis fences Redis (and Valkey) keys through go-redis: the check is a Redis
 // Function library shipped in this repository (fence/redis/fenced_lease.lua, embedded here
-// as Library), so any client can FCALL it. fenced_call runs one command on one key and
-// fenced_set a SET, each only if the token is not lower than the highest accepted for the
-// key, kept in FenceKey(key) (same hash tag, so the same cluster slot). A lower token is
-// refused without touching the key, as *fence.Fenced. The guards load the library when the
-// server lacks it.
+// as Library), so any client can FCALL it. fenced_call runs one command on one key,
+// fenced_set a SET, fenced_batch several commands after one check, each only if the token is
+// not lower than the mark in the fence key. A Scope's keys share one fence key,
+// {<scope>}:fence (the same hash tag, so the same cluster slot). A lower token is refused
+// without touching a key, as *fence.Fenced. The guards load the library when the server
+// lacks it.
 //
-//	err := redis.Set(ctx, rdb, "payout:42", "paid by a", token)
-//	_, err = redis.Call(ctx, rdb, "payouts:{42}", token, "RPUSH", "a")
+//	account, err := redis.NewScope("42")
+//	_, err = account.Call(ctx, rdb, account.Key("payouts"), token, "RPUSH", "a")
+//	err = account.Set(ctx, rdb, account.Key("receipt"), "paid", token) // the same mark
+//
+// Set and Call fence a key by a mark of its own (FenceKey), the compatible form.
 package redis
 
 import (
@@ -105,13 +109,22 @@ func fcall(ctx context.Context, rdb goredis.Cmdable, function, key string, token
 	if err != nil {
 		return nil, err
 	}
-	all := append([]any{token}, args...)
-	reply, err := rdb.FCall(ctx, function, []string{key, fk}, all...).Result()
+	reply, err := run(ctx, rdb, function, []string{key, fk}, append([]any{token}, args...))
+	var fenced *fence.Fenced
+	if errors.As(err, &fenced) {
+		fenced.Scope = fk
+	}
+	return reply, err
+}
+
+// run is FCALL function keys args, loading the library first if the server lacks it.
+func run(ctx context.Context, rdb goredis.Cmdable, function string, keys []string, args []any) (any, error) {
+	reply, err := rdb.FCall(ctx, function, keys, args...).Result()
 	if err != nil && strings.Contains(err.Error(), "Function not found") {
 		if err := Load(ctx, rdb); err != nil {
 			return nil, err
 		}
-		reply, err = rdb.FCall(ctx, function, []string{key, fk}, all...).Result()
+		reply, err = rdb.FCall(ctx, function, keys, args...).Result()
 	}
 	if errors.Is(err, goredis.Nil) {
 		return nil, nil

@@ -73,3 +73,48 @@ func TestTheEmbeddedLibraryIsTheRepositorys(t *testing.T) {
 		t.Fatal("go/fence/redis/fenced_lease.lua differs from fence/redis/: copy it again")
 	}
 }
+
+// A stale holder's write to another key of the account is refused by the scope's one mark; a
+// batch runs after one check.
+func TestAScopesKeysShareOneMark(t *testing.T) {
+	url := os.Getenv("FL_REDIS_URL")
+	if url == "" {
+		if os.Getenv("FL_REQUIRE_CLUSTER") == "1" {
+			t.Fatal("FL_REDIS_URL is not set: eval \"$(hack/datastores up)\"")
+		}
+		t.Skip("FL_REDIS_URL not set")
+	}
+	opts, err := goredis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := goredis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := testenv.Ctx(t, 30*time.Second)
+	account, err := redis.NewScope("go-acct-" + testenv.RandomSuffix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	payouts, receipt := account.Key("payouts"), account.Key("receipt")
+	if _, err := account.Call(ctx, rdb, payouts, 8, "RPUSH", "b"); err != nil {
+		t.Fatal(err)
+	}
+	err = account.Set(ctx, rdb, receipt, "paid by a", 7)
+	var f *fence.Fenced
+	if !errors.As(err, &f) || f.Presented != 7 || f.Highest != 8 || f.Scope != account.FenceKey() {
+		t.Fatalf("err = %v, want Fenced{%s, 7, 8}", err, account.FenceKey())
+	}
+	if _, err := account.Batch(ctx, rdb, 7, []any{"RPUSH", payouts, "a"}, []any{"SET", receipt, "a"}); !errors.Is(err, fence.ErrFenced) {
+		t.Fatalf("a stale batch: %v", err)
+	}
+	replies, err := account.Batch(ctx, rdb, 8, []any{"RPUSH", payouts, "b2"}, []any{"SET", receipt, "paid by b"})
+	if err != nil || len(replies) != 2 {
+		t.Fatalf("a batch: %v %v", replies, err)
+	}
+	if got := rdb.LRange(ctx, payouts, 0, -1).Val(); len(got) != 2 || got[0] != "b" || got[1] != "b2" {
+		t.Fatalf("payouts %v", got)
+	}
+	if _, err := account.Call(ctx, rdb, "x:{elsewhere}", 9, "DEL"); !errors.Is(err, redis.ErrKey) {
+		t.Fatalf("a key outside the scope: %v", err)
+	}
+}

@@ -89,10 +89,10 @@ impl std::fmt::Display for Scope {
 }
 
 /// Starts a transaction whose writes present `token`, whatever their scopes (tables bound
-/// by a column, or to several scopes).
+/// by a column, or to several scopes). One round trip besides `BEGIN`; the tables are bound
+/// (and the migrations installed) beforehand, by [`Scope::enable`] or [`enable_by_column`].
 pub async fn begin(client: &mut Client, token: i64) -> Result<FencedTransaction<'_>, Error> {
     check_token(token)?;
-    install_if_missing(&*client).await?;
     let tx = client.transaction().await?;
     tx.execute(
         "SELECT set_config('fenced_lease.token', $1, true)",

@@ -208,15 +208,17 @@ pub enum Command {
     },
     /// Hold a lease while CMD runs (flock for Kubernetes).
     ///
-    /// Waits for the lease, then runs CMD with FENCE_TOKEN, FENCE_LEASE, FENCE_HOLDER,
-    /// FENCE_CLAIM and FENCE_NAMESPACE in its environment, renews the lease while CMD runs,
+    /// Waits for the lease, then runs CMD with FENCE_TOKEN, FENCE_SCOPE, FENCE_LEASE,
+    /// FENCE_HOLDER, FENCE_CLAIM and FENCE_NAMESPACE in its environment, renews the lease while CMD runs,
     /// and releases it once CMD and every process it left in its process group have ended.
     /// CMD runs in a process group of its own and cannot outlive kubectl fence (on Linux it
     /// is killed if kubectl fence dies). When stdin is a terminal CMD gets it; Ctrl-Z stops
     /// both, `fg` continues both. Signals sent to kubectl fence (INT, TERM, HUP, QUIT, USR1,
     /// USR2, WINCH, TSTP, CONT) are passed on to CMD's group. If the lease is lost, the group
     /// gets SIGTERM, then SIGKILL after --grace. Send FENCE_TOKEN with every write, so the
-    /// protected resource can refuse a holder that lost the lease.
+    /// protected resource can refuse a holder that lost the lease; FENCE_SCOPE names what it
+    /// fences (the scope of a PostgreSQL table or Redis keys; --scope, else
+    /// <namespace>/<lease>).
     ///
     /// For a CronJob that must skip a run while the previous one still holds the lease:
     /// `--wait 0` takes the lease only if it is free, else exits 75 at once.
@@ -240,6 +242,11 @@ pub enum Command {
         /// SIGKILL after --grace) instead of holding the lease until that ends too.
         #[arg(long)]
         kill_group: bool,
+        /// The scope CMD's writes present their token to (FENCE_SCOPE): the name a
+        /// PostgreSQL table is bound to, or the hash tag of Redis keys (default:
+        /// <namespace>/<lease>).
+        #[arg(long, value_parser = parse_scope)]
+        scope: Option<String>,
         /// The command and its arguments.
         #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -278,6 +285,17 @@ pub struct HolderArgs {
     /// Holder identity (default: $POD_NAME, else the hostname, with a random suffix).
     #[arg(long)]
     pub identity: Option<String>,
+}
+
+/// A scope name: 1 to 512 characters (PostgreSQL's bound).
+fn parse_scope(s: &str) -> Result<String, String> {
+    let len = s.chars().count();
+    if len == 0 || len > 512 {
+        return Err(format!(
+            "a scope is a name of 1 to 512 characters, got {len}"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 /// `30s`, `1m30s`, `500ms`, or plain seconds.

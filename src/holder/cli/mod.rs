@@ -161,11 +161,13 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             holder,
             grace,
             kill_group,
+            scope,
             command,
         } => {
             let leftovers = run::Leftovers { kill: kill_group };
+            let scope = scope.unwrap_or_else(|| format!("{namespace}/{lease}"));
             run::run(
-                client, &namespace, &lease, &holder, timeout, grace, leftovers, &command,
+                client, &namespace, &lease, &holder, timeout, grace, leftovers, &scope, &command,
             )
             .await
         }
@@ -251,6 +253,7 @@ mod tests {
             grace,
             kill_group,
             command,
+            ..
         } = cli.command
         else {
             panic!("not run: {:?}", cli.command);
@@ -338,6 +341,22 @@ mod tests {
         assert_eq!(holder.wait, None);
         assert_eq!(grace, Duration::from_secs(10));
         assert!(!kill_group);
+        let scoped = Cli::try_parse_from([
+            "kubectl-fence",
+            "run",
+            "db",
+            "--scope",
+            "payouts",
+            "--",
+            "true",
+        ]);
+        assert!(
+            matches!(scoped.unwrap().command, Command::Run { scope: Some(s), .. } if s == "payouts")
+        );
+        assert!(
+            Cli::try_parse_from(["kubectl-fence", "run", "db", "--scope", "", "--", "true"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub async fn run(
     request_timeout: Option<Duration>,
     grace: Duration,
     leftovers: Leftovers,
+    scope: &str,
     command: &[String],
 ) -> Result<u8, Failure> {
     let Some((program, args)) = command.split_first() else {
@@ -70,7 +71,7 @@ pub async fn run(
         Waited::Signalled(code) => return Ok(code),
     };
     let token = guard.token()?;
-    let mut cmd = match Cmd::start(program, args, &guard, token) {
+    let mut cmd = match Cmd::start(program, args, &guard, token, scope) {
         Ok(cmd) => cmd,
         Err(e) => {
             eprintln!("kubectl fence: cannot run {program}: {e}");
@@ -119,18 +120,20 @@ struct Cmd {
 }
 
 impl Cmd {
-    /// Starts CMD (`program` with `args`) in a group of its own, with the lease `guard` holds
-    /// and `token` in its environment, and the terminal when this process has it.
+    /// Starts CMD (`program` with `args`) in a group of its own, with the lease `guard` holds,
+    /// `token` and `scope` in its environment, and the terminal when this process has it.
     fn start(
         program: &str,
         args: &[String],
         guard: &LeaseGuard,
         token: i64,
+        scope: &str,
     ) -> std::io::Result<Cmd> {
         let lease = guard.lease();
         let take_tty = child::owns_terminal();
         let env = [
             ("FENCE_TOKEN", token.to_string()),
+            ("FENCE_SCOPE", scope.to_string()),
             ("FENCE_LEASE", lease.to_string()),
             ("FENCE_HOLDER", guard.identity().to_string()),
             ("FENCE_CLAIM", guard.claim().to_string()),
