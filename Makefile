@@ -18,10 +18,11 @@ demo-follow: ## an unmodified client-go leader election fenced by a FencedLease 
 test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, and the compatibility suite on the oldest supported Kubernetes (hack/compat); no test that measures time runs beside a build (hack/test)
 	@hack/test
 
-soak: deps ## the safety suite's long profile (tests/safety/jepsen): SEED=<n> DURATION=<20m> replay or lengthen a run
+soak: deps ## the safety suite's long profile (tests/safety/jepsen), then the PostgreSQL guard's race as long: SEED=<n> DURATION=<20m> replay or lengthen a run
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
 	eval "$$(hack/datastores up)" && eval "$$(hack/control-plane up)" && \
-	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)); \
+	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)) && \
+	FL_GUARD_RACE=$(or $(DURATION),20m) $(CARGO) test --locked --all-features --test fence_postgres -- --exact scopes::in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 deps: ## Debian packages, Rust components, and the Go-built tools (hack/tools: the control plane, Helm, promtool, revive; cached)

@@ -597,3 +597,149 @@ async fn under_repeatable_read_a_snapshot_older_than_the_mark_writes_nothing() {
     }
     assert_eq!(count(&c1, &t).await, 3);
 }
+
+/// Paused stale holders racing the current holder's concurrent transactions on several scopes of
+/// one table, checked in the database's own commit order (logical decoding): no row with a
+/// lower token commits after a row with a higher token in its scope. `FL_GUARD_RACE=<duration>`
+/// lengthens it (default 6s; `make soak` runs it for its DURATION).
+#[tokio::test]
+async fn in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope() {
+    let admin = connect().await;
+    install(&admin).await.unwrap();
+    let level: String = admin.query_one("SHOW wal_level", &[]).await.unwrap().get(0);
+    assert_eq!(
+        level, "logical",
+        "hack/datastores starts PostgreSQL with wal_level=logical"
+    );
+    let t = format!("race_{:08x}", rand::random::<u32>());
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, scope TEXT NOT NULL, writer TEXT NOT NULL, fence_token BIGINT)"
+        ))
+        .await
+        .unwrap();
+    enable_by_column(&admin, &t, "scope").await.unwrap();
+    let slot = format!("slot_{t}");
+    admin
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+
+    let secs = std::env::var("FL_GUARD_RACE")
+        .ok()
+        .and_then(|s| humantime::parse_duration(&s).ok())
+        .map_or(6, |d| d.as_secs());
+    let scopes: Vec<String> = (0..3).map(|i| format!("{t}-{i}")).collect();
+    let mut writers = Vec::new();
+    for scope in &scopes {
+        // Each scope: a new holder every ~400 ms; each holder's 3 writers go on for a while
+        // after the next one took over, pausing inside their transactions after the check.
+        let rounds = (secs * 1000 / 400).max(2);
+        for round in 1..=rounds as i64 {
+            for w in 0..3 {
+                let (t, scope) = (t.clone(), scope.clone());
+                writers.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(400 * (round as u64 - 1))).await;
+                    let mut client = connect().await;
+                    let until = std::time::Instant::now()
+                        + Duration::from_millis(300 + rand::random::<u64>() % 900);
+                    let (mut accepted, mut refused) = (0, 0);
+                    while std::time::Instant::now() < until {
+                        let tx = begin(&mut client, round).await.unwrap();
+                        let insert = tx
+                            .execute(
+                                &format!("INSERT INTO {t} (scope, writer) VALUES ($1, $2)"),
+                                &[&scope, &format!("{round}.{w}")],
+                            )
+                            .await
+                            .map_err(Error::from);
+                        // A pause after the check, inside the transaction.
+                        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 40)).await;
+                        let outcome = match insert {
+                            Ok(_) => tx.commit().await,
+                            Err(e) => Err(e),
+                        };
+                        match outcome {
+                            Ok(()) => accepted += 1,
+                            Err(e) if e.is_fenced() => refused += 1,
+                            Err(Error::Postgres(e))
+                                if e.code().map(|c| c.code()) == Some("40P01") =>
+                            {
+                                refused += 1 // a deadlock victim wrote nothing
+                            }
+                            Err(e) => panic!("writer {round}.{w} of {scope}: {e}"),
+                        }
+                    }
+                    (accepted, refused)
+                }));
+            }
+        }
+    }
+    let (mut accepted, mut refused) = (0, 0);
+    for writer in writers {
+        let (a, r) = writer.await.unwrap();
+        accepted += a;
+        refused += r;
+    }
+
+    // The database's commit order: test_decoding prints each committed transaction's rows, up
+    // to the WAL flushed (the test server commits asynchronously: a checkpoint flushes it all).
+    admin.batch_execute("CHECKPOINT").await.unwrap();
+    let changes = admin
+        .query(
+            "SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .unwrap();
+    let field = |data: &str, name: &str| -> Option<String> {
+        let at = data.find(&format!(" {name}["))?;
+        let value = &data[at..];
+        let value = &value[value.find("]:")? + 2..];
+        Some(
+            value
+                .trim_start_matches('\'')
+                .split(['\'', ' '])
+                .next()?
+                .to_string(),
+        )
+    };
+    let mut highest: std::collections::HashMap<String, i64> = Default::default();
+    let mut committed = 0;
+    for row in changes {
+        let data: String = row.get(0);
+        if !data.starts_with(&format!("table public.{t}: INSERT:")) {
+            continue;
+        }
+        let scope = field(&data, "scope").expect("scope");
+        let token: i64 = field(&data, "fence_token")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no token in {data}"));
+        let seen = highest.entry(scope.clone()).or_default();
+        assert!(
+            token >= *seen,
+            "in commit order, a row of token {token} of scope {scope} committed after one of token {seen}"
+        );
+        *seen = token;
+        committed += 1;
+    }
+    assert_eq!(
+        committed, accepted,
+        "every accepted insert, and no other, committed"
+    );
+    assert!(
+        refused > 0 && accepted > 0,
+        "the race ran: {accepted} accepted, {refused} refused"
+    );
+    eprintln!(
+        "{committed} inserts committed in order over {} scopes, {refused} refused",
+        scopes.len()
+    );
+}
