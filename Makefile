@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo demo-follow test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-fence bench-follow
+.PHONY: help demo demo-follow test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-fence bench-follow bench-guards
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -95,6 +95,10 @@ bench-admission: deps ## only the admission objects' cost at 0/1,000/10,000 fenc
 
 bench-fence: deps ## only the fences: the lease rules' window after a grant, guarded PostgreSQL and Redis writes beside unguarded ones (examples/bench_fence.rs, with hack/datastores)
 	@BENCH_ONLY=fence hack/bench
+
+bench-guards: ## only what a guard that fences a scope costs, beside the same writes unguarded (examples/bench_guards.rs; PostgreSQL and Redis, no control plane)
+	@hack/deps
+	@BENCH_ONLY=guards hack/bench
 
 bench-follow: deps ## only the window of a lease that follows a coordination Lease, beside the operator-free window (examples/bench_follow.rs; BENCH_FOLLOW_CHANGES)
 	@BENCH_ONLY=follow hack/bench

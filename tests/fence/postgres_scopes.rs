@@ -651,8 +651,8 @@ async fn in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope(
                         let tx = begin(&mut client, round).await.unwrap();
                         let insert = tx
                             .execute(
-                                &format!("INSERT INTO {t} (scope, writer) VALUES ($1, $2)"),
-                                &[&scope, &format!("{round}.{w}")],
+                                &format!("INSERT INTO {t} (scope, writer, fence_token) VALUES ($1, $2, $3)"),
+                                &[&scope, &format!("{round}.{w}"), &round],
                             )
                             .await
                             .map_err(Error::from);

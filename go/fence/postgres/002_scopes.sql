@@ -19,9 +19,9 @@
 -- A write that presents no token is refused (FL003) unless an explicit exemption names it:
 --   BEGIN; SET LOCAL fenced_lease.exempt = 'backfill, ticket 123'; ...; COMMIT;
 -- by a member of the role fenced_lease_exempt; each exempted statement is recorded in
--- fenced_lease.exemptions. UPDATE and DELETE present their token in the setting (an UPDATE
--- that sets fence_token presents it too); the column fence_token records the token an INSERT
--- (or such an UPDATE) presented.
+-- fenced_lease.exemptions. The setting presents the token of every write of its transaction;
+-- without it, an INSERT presents the token in the row's fence_token, an UPDATE by setting
+-- fence_token (and a DELETE or TRUNCATE cannot). fence_token records what a row presented.
 --
 -- ORDER. The check holds the scope's mark row until the transaction ends: an equal token under
 -- a share lock (the current holder's transactions run side by side), a higher one raises it
@@ -32,8 +32,8 @@
 -- (nothing written; retried, it is checked again on the new mark and refused if stale).
 --
 -- COST. Bound to one scope: one check per statement that presents the setting (COPY of many
--- rows: one check); rows checked one by one only when they carry their own token. Bound by a
--- column: one check per row. A new holder's first write waits for the old holder's open
+-- rows: one check, and a test of the setting per row); rows checked one by one only when they
+-- present their own token. Bound by a column: one check per row. A new holder's first write waits for the old holder's open
 -- transactions: bound that wait with idle_in_transaction_session_timeout on the holders' role
 -- (and lock_timeout in the new holder's session).
 --
@@ -112,7 +112,7 @@ END
 $$;
 
 -- The token of the setting fenced_lease.token, NULL if unset (not validated: the statement
--- trigger validates it first). Plain SQL, so that a column default and a trigger's WHEN inline it.
+-- trigger validates it first).
 CREATE OR REPLACE FUNCTION fenced_lease.setting_token()
 RETURNS bigint LANGUAGE sql STABLE AS $$
   SELECT nullif(current_setting('fenced_lease.token', true), '')::bigint
@@ -137,19 +137,28 @@ END
 $$;
 
 -- Checks `token` against `scope`'s mark (creating it at 0) and holds the mark until the
--- transaction ends: under a share lock when the token equals the mark, raising it under the
--- exclusive lock when it is higher; refuses a lower one (FL001). Returns the token.
+-- transaction ends: shared when the token equals the mark, raising it alone when it is
+-- higher; refuses a lower one (FL001). Returns the token.
+--
+-- The locks: a raise takes the scope's advisory lock exclusively (pg_advisory_xact_lock(
+-- 1718511460, hashtext(scope)): it waits for every READ COMMITTED transaction that checked the
+-- old mark) and updates the mark row (which waits for the REPEATABLE READ and SERIALIZABLE ones,
+-- which share the row itself: their snapshot must see the mark they compare, or fail with
+-- 40001). A READ COMMITTED check shares the advisory lock, then reads the mark afresh: no write
+-- to the row, so the holder's transactions do not contend on it.
 CREATE OR REPLACE FUNCTION fenced_lease.check(scope text, token bigint)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   seen bigint;
+  lock_key int := hashtext($1);
+  read_committed boolean := current_setting('transaction_isolation') = 'read committed';
 BEGIN
   IF token IS NULL OR token < 0 THEN
     RAISE EXCEPTION 'invalid fencing token %: tokens are non-negative integers',
       coalesce(token::text, 'NULL') USING ERRCODE = 'FL002';
   END IF;
   PERFORM fenced_lease.valid_scope(scope);
-  -- Read without a lock first: taking the share lock and then the exclusive one would
+  -- Read without a lock first: taking the shared lock and then the exclusive one would
   -- deadlock two transactions that both raise.
   SELECT s.highest INTO seen FROM fenced_lease.scopes s WHERE s.scope = $1;
   IF NOT FOUND THEN
@@ -159,13 +168,19 @@ BEGIN
   END IF;
   LOOP
     IF token > seen THEN
+      PERFORM pg_advisory_xact_lock(1718511460, lock_key);
       UPDATE fenced_lease.scopes s SET highest = token, raised_at = now()
         WHERE s.scope = $1 AND s.highest < token;
       IF FOUND THEN
         RETURN token;
       END IF;
     END IF;
-    SELECT s.highest INTO seen FROM fenced_lease.scopes s WHERE s.scope = $1 FOR SHARE;
+    IF read_committed THEN
+      PERFORM pg_advisory_xact_lock_shared(1718511460, lock_key);
+      SELECT s.highest INTO seen FROM fenced_lease.scopes s WHERE s.scope = $1;
+    ELSE
+      SELECT s.highest INTO seen FROM fenced_lease.scopes s WHERE s.scope = $1 FOR SHARE;
+    END IF;
     IF token < seen THEN
       PERFORM fenced_lease.fenced_out(scope, token, seen);
     END IF;
@@ -262,9 +277,10 @@ BEGIN
 END
 $$;
 
--- FOR EACH ROW, BEFORE INSERT, UPDATE, DELETE (TG_ARGV as check_statement's), fired only when
--- the row must be checked (see each trigger's WHEN): a row that presents its own token, a
--- row of a table bound by column, a write with no token in the setting.
+-- FOR EACH ROW, AFTER INSERT, BEFORE UPDATE, BEFORE DELETE (TG_ARGV as check_statement's),
+-- fired only when the row must be checked (see each trigger's WHEN): a row that presents its
+-- own token, a row of a table bound by column, a write with no token in the setting. (AFTER
+-- INSERT, what it returns is ignored: the row keeps the fence_token it was inserted with.)
 CREATE OR REPLACE FUNCTION fenced_lease.check_row()
 RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -272,6 +288,7 @@ DECLARE
   scope text := nullif(TG_ARGV[0], '');
   setting bigint := fenced_lease.setting_token();
   presented bigint;
+  token bigint;
   old_scope text;
 BEGIN
   IF TG_OP = 'INSERT' THEN
@@ -291,22 +308,20 @@ BEGIN
       scope := to_jsonb(NEW) ->> TG_ARGV[1];
     END IF;
   END IF;
-  IF presented IS NULL AND setting IS NULL THEN
+  -- The transaction's token when it presents one, else the row's.
+  token := coalesce(setting, presented);
+  IF token IS NULL THEN
     PERFORM fenced_lease.no_token(TG_RELID::regclass, coalesce(scope, old_scope), TG_OP);
   END IF;
   IF old_scope IS NOT NULL AND old_scope IS DISTINCT FROM scope THEN
-    PERFORM fenced_lease.check(old_scope, greatest(presented, setting));
+    PERFORM fenced_lease.check(old_scope, token);
   END IF;
   IF TG_OP = 'DELETE' THEN
     RETURN OLD;
   END IF;
-  IF presented IS NOT NULL THEN
-    PERFORM fenced_lease.check(scope, presented);
+  IF by_column OR setting IS NULL THEN -- else the statement trigger checked the setting's
+    PERFORM fenced_lease.check(scope, token);
   END IF;
-  IF by_column AND setting IS NOT NULL THEN -- else the statement trigger checked it
-    PERFORM fenced_lease.check(scope, setting);
-  END IF;
-  NEW.fence_token := coalesce(greatest(presented, setting), NEW.fence_token);
   RETURN NEW;
 END
 $$;
@@ -348,8 +363,9 @@ BEGIN
   END IF;
   -- 001's row trigger, if the table had it: its marks become the scopes' (below).
   EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease ON %s', tbl);
+  -- No default: a row that presents no token is told from one that does (001's was 0).
   EXECUTE format('ALTER TABLE %s ALTER COLUMN fence_token DROP NOT NULL, '
-    'ALTER COLUMN fence_token SET DEFAULT fenced_lease.setting_token()', tbl);
+    'ALTER COLUMN fence_token DROP DEFAULT', tbl);
   EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease_1_statement ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_2_presented ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_3_insert ON %1$s; '
@@ -359,21 +375,23 @@ BEGIN
     'FOR EACH STATEMENT EXECUTE FUNCTION fenced_lease.check_statement(%2$s)', tbl, args);
   EXECUTE format('CREATE TRIGGER fenced_lease_2_presented BEFORE UPDATE OF fence_token ON %1$s '
     'FOR EACH ROW EXECUTE FUNCTION fenced_lease.presented()', tbl);
-  -- Row checks only where a statement check does not cover the row (bound to one scope: the
-  -- setting presented and the row carrying no other token), so that COPY costs one check.
-  EXECUTE format('CREATE TRIGGER fenced_lease_3_insert BEFORE INSERT ON %1$s FOR EACH ROW %3$s '
+  -- Row checks only where the statement's check does not cover the row (bound to one scope:
+  -- the setting presented), so that a COPY of many rows costs one check; the WHEN clauses are
+  -- plain expressions, evaluated per row without a function call.
+  -- Inserts are checked AFTER the row (a BEFORE ROW trigger would keep COPY from inserting
+  -- in batches); the statement fails, nothing written, as it would BEFORE.
+  EXECUTE format('CREATE TRIGGER fenced_lease_3_insert AFTER INSERT ON %1$s FOR EACH ROW %3$s '
     'EXECUTE FUNCTION fenced_lease.check_row(%2$s)', tbl, args,
-    CASE WHEN want LIKE 'column:%' THEN 'WHEN (NOT fenced_lease.exempting())'
-    ELSE 'WHEN (NOT fenced_lease.exempting() AND (fenced_lease.setting_token() IS NULL '
-         'OR NEW.fence_token IS DISTINCT FROM fenced_lease.setting_token()))' END);
+    CASE WHEN want LIKE 'column:%' THEN ''
+    ELSE 'WHEN (coalesce(current_setting(''fenced_lease.token'', true), '''') = '''')' END);
   EXECUTE format('CREATE TRIGGER fenced_lease_3_update BEFORE UPDATE ON %1$s FOR EACH ROW %3$s '
     'EXECUTE FUNCTION fenced_lease.check_row(%2$s)', tbl, args,
     CASE WHEN want LIKE 'column:%' THEN ''
-    ELSE 'WHEN (NEW.fence_token < 0 OR NOT fenced_lease.exempting() AND fenced_lease.setting_token() IS NULL)' END);
+    ELSE 'WHEN (NEW.fence_token < 0 OR coalesce(current_setting(''fenced_lease.token'', true), '''') = '''')' END);
   EXECUTE format('CREATE TRIGGER fenced_lease_3_delete BEFORE DELETE ON %1$s FOR EACH ROW %3$s '
     'EXECUTE FUNCTION fenced_lease.check_row(%2$s)', tbl, args,
-    CASE WHEN want LIKE 'column:%' THEN 'WHEN (NOT fenced_lease.exempting())'
-    ELSE 'WHEN (NOT fenced_lease.exempting() AND fenced_lease.setting_token() IS NULL)' END);
+    CASE WHEN want LIKE 'column:%' THEN ''
+    ELSE 'WHEN (coalesce(current_setting(''fenced_lease.token'', true), '''') = '''')' END);
   EXECUTE format('ALTER TABLE %1$s ENABLE ALWAYS TRIGGER fenced_lease_1_statement, '
     'ENABLE ALWAYS TRIGGER fenced_lease_2_presented, ENABLE ALWAYS TRIGGER fenced_lease_3_insert, '
     'ENABLE ALWAYS TRIGGER fenced_lease_3_update, ENABLE ALWAYS TRIGGER fenced_lease_3_delete', tbl);
@@ -486,6 +504,7 @@ RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, p
 DECLARE
   was bigint;
 BEGIN
+  PERFORM pg_advisory_xact_lock(1718511460, hashtext($1)); -- alone, as a raise (check)
   SELECT s.highest INTO was FROM fenced_lease.scopes s WHERE s.scope = $1 FOR UPDATE;
   INSERT INTO fenced_lease.scopes AS s (scope, highest) VALUES ($1, $2)
     ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE SET highest = EXCLUDED.highest, raised_at = now();
