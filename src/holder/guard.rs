@@ -12,6 +12,18 @@ use super::error::{Error, LostReason};
 use super::keeper::{Keeper, Shared};
 use super::state::HoldState;
 
+/// Why a guard refused a holder's write ([`LeaseHandle::refusal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The lease moved on and a newer holder wrote: stop, do not retry.
+    NewerHolder,
+    /// The resource's mark is above every token the lease has issued, though this holder
+    /// still holds it: the resource was restored from a backup, or the lease re-created with
+    /// its token records lost. Every write is refused until someone resets the mark
+    /// deliberately (PostgreSQL: `fenced_lease.reset`); retrying cannot help.
+    MarkAhead,
+}
+
 /// A read-only, cloneable view of a held lease, for the tasks that do the holder's work.
 #[derive(Clone)]
 pub struct LeaseHandle {
@@ -49,6 +61,19 @@ impl LeaseHandle {
     /// Whether the lease is held now (see [`token`](Self::token)).
     pub fn is_held(&self) -> bool {
         self.token().is_ok()
+    }
+
+    /// What a guard's refusal of this holder's write means, or `None` for an error that is no
+    /// refusal. While the lease is held nobody has a higher token, so a mark above this
+    /// holder's token is a lost one's ([`Refusal::MarkAhead`]); otherwise a newer holder wrote.
+    pub fn refusal(&self, error: &crate::fence::Error) -> Option<Refusal> {
+        if !error.is_fenced() {
+            return None;
+        }
+        Some(match self.token() {
+            Ok(token) if error.mark_ahead_of(token) => Refusal::MarkAhead,
+            _ => Refusal::NewerHolder,
+        })
     }
 
     /// The token this claim was granted, held or not (for logs; use [`token`](Self::token)
@@ -285,5 +310,20 @@ mod tests {
         assert!(stale.token().is_err());
         assert_eq!(stale.time_left(), Duration::ZERO);
         assert!(stale.cancellation().is_cancelled());
+    }
+
+    #[test]
+    fn a_refusal_by_a_mark_above_the_held_token_is_a_lost_mark() {
+        let refused = |highest| crate::fence::Error::Fenced {
+            scope: Some("shop/payouts".into()),
+            presented: 7,
+            highest,
+        };
+        let held = handle(Duration::from_secs(5));
+        assert_eq!(held.refusal(&refused(9)), Some(Refusal::MarkAhead));
+        let lost = handle(Duration::ZERO);
+        assert_eq!(lost.refusal(&refused(9)), Some(Refusal::NewerHolder));
+        let other = crate::fence::Error::InvalidName("x".into());
+        assert_eq!(held.refusal(&other), None);
     }
 }

@@ -49,7 +49,7 @@ mod state;
 pub use acquire::acquire;
 pub use election::{ElectOptions, Leadership, elect};
 pub use error::{Error, LostReason, Source, report};
-pub use guard::{DetachedClaim, LeaseGuard, LeaseHandle};
+pub use guard::{DetachedClaim, LeaseGuard, LeaseHandle, Refusal};
 pub use options::{
     AcquireOptions, PodRef, SERVICE_ACCOUNT_NAMESPACE_FILE, Timing, default_identity,
 };
