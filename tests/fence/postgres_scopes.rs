@@ -443,6 +443,35 @@ async fn a_table_of_migration_001_moves_to_a_scope_with_its_highest_row_token() 
     write(&mut client, 9, &format!("INSERT INTO {t} VALUES (3, 'c')"))
         .await
         .unwrap();
+    // A table of 001 left as it was keeps its per-row fence beside 002.
+    let kept = format!("{t}_kept");
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {kept} (account BIGINT PRIMARY KEY, paid_by TEXT);
+             SELECT fenced_lease.enable('{kept}'::regclass);
+             INSERT INTO {kept} VALUES (1, 'a', 5);"
+        ))
+        .await
+        .unwrap();
+    let stale = client
+        .batch_execute(&format!("UPDATE {kept} SET paid_by = 'x', fence_token = 4"))
+        .await
+        .map_err(Error::from);
+    assert!(
+        matches!(
+            stale,
+            Err(Error::Fenced {
+                scope: None,
+                presented: 4,
+                highest: 5
+            })
+        ),
+        "{stale:?}"
+    );
+    client
+        .batch_execute(&format!("UPDATE {kept} SET paid_by = 'y'"))
+        .await
+        .expect("001 does not ask for a token");
 }
 
 /// Waits until `future` is done, at most `within`; whether it was.
