@@ -218,8 +218,10 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
             .begin(&mut db, token)
             .await?;
         tx.execute(
-            &format!("INSERT INTO {table} (account, amount, paid_by) VALUES (42, 100, $1)"),
-            &[&name],
+            &format!(
+                "INSERT INTO {table} (account, amount, paid_by, fence_token) VALUES (42, 100, $1, $2)"
+            ),
+            &[&name, &token],
         )
         .await?;
         tx.commit().await
@@ -588,9 +590,12 @@ async fn play(
     let a_receipt = configmaps.get_opt("receipt-worker-a").await?.is_some();
     println!();
     println!(
-        "Ledger: {} payout(s) to account 42 in PostgreSQL {:?}; ConfigMap paid by {}; worker-a's receipt {}.",
+        "Ledger: {} payout(s) to account 42 in PostgreSQL: {}; ConfigMap paid by {}; worker-a's receipt {}.",
         paid.len(),
-        paid,
+        paid.iter()
+            .map(|(by, token)| format!("{by} (token {token})"))
+            .collect::<Vec<_>>()
+            .join(", "),
         cm_paid_by.as_deref().unwrap_or("nobody"),
         if a_receipt {
             "EXISTS"
