@@ -157,7 +157,9 @@ BEGIN
     RAISE EXCEPTION 'invalid fencing token %: tokens are non-negative integers',
       coalesce(token::text, 'NULL') USING ERRCODE = 'FL002';
   END IF;
-  PERFORM fenced_lease.valid_scope(scope);
+  IF scope IS NULL OR scope = '' OR length(scope) > 512 THEN
+    PERFORM fenced_lease.valid_scope(scope);
+  END IF;
   -- Read without a lock first: taking the shared lock and then the exclusive one would
   -- deadlock two transactions that both raise.
   SELECT s.highest INTO seen FROM fenced_lease.scopes s WHERE s.scope = $1;
@@ -286,7 +288,7 @@ RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   by_column boolean := TG_ARGV[0] = '';
   scope text := nullif(TG_ARGV[0], '');
-  setting bigint := fenced_lease.setting_token();
+  setting bigint := nullif(current_setting('fenced_lease.token', true), '')::bigint;
   presented bigint;
   token bigint;
   old_scope text;
@@ -297,7 +299,7 @@ BEGIN
     presented := -1 - NEW.fence_token;
     NEW.fence_token := presented;
   END IF;
-  IF fenced_lease.exempting() THEN -- the statement trigger took the exemption
+  IF coalesce(current_setting('fenced_lease.exempt', true), '') <> '' THEN -- taken by the statement trigger
     RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
   END IF;
   IF by_column THEN
@@ -367,11 +369,18 @@ BEGIN
   EXECUTE format('ALTER TABLE %s ALTER COLUMN fence_token DROP NOT NULL, '
     'ALTER COLUMN fence_token DROP DEFAULT', tbl);
   EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease_1_statement ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_1_truncate ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_2_presented ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_3_insert ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_3_update ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_3_delete ON %1$s; ', tbl);
-  EXECUTE format('CREATE TRIGGER fenced_lease_1_statement BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %1$s '
+  -- The statement's check, when it presents a token or asks for the exemption (a statement
+  -- that does neither is refused row by row, below); a TRUNCATE, always.
+  EXECUTE format('CREATE TRIGGER fenced_lease_1_statement BEFORE INSERT OR UPDATE OR DELETE ON %1$s '
+    'FOR EACH STATEMENT WHEN (coalesce(current_setting(''fenced_lease.token'', true), '''') <> '''' '
+    'OR coalesce(current_setting(''fenced_lease.exempt'', true), '''') <> '''') '
+    'EXECUTE FUNCTION fenced_lease.check_statement(%2$s)', tbl, args);
+  EXECUTE format('CREATE TRIGGER fenced_lease_1_truncate BEFORE TRUNCATE ON %1$s '
     'FOR EACH STATEMENT EXECUTE FUNCTION fenced_lease.check_statement(%2$s)', tbl, args);
   EXECUTE format('CREATE TRIGGER fenced_lease_2_presented BEFORE UPDATE OF fence_token ON %1$s '
     'FOR EACH ROW EXECUTE FUNCTION fenced_lease.presented()', tbl);
@@ -393,6 +402,7 @@ BEGIN
     CASE WHEN want LIKE 'column:%' THEN ''
     ELSE 'WHEN (coalesce(current_setting(''fenced_lease.token'', true), '''') = '''')' END);
   EXECUTE format('ALTER TABLE %1$s ENABLE ALWAYS TRIGGER fenced_lease_1_statement, '
+    'ENABLE ALWAYS TRIGGER fenced_lease_1_truncate, '
     'ENABLE ALWAYS TRIGGER fenced_lease_2_presented, ENABLE ALWAYS TRIGGER fenced_lease_3_insert, '
     'ENABLE ALWAYS TRIGGER fenced_lease_3_update, ENABLE ALWAYS TRIGGER fenced_lease_3_delete', tbl);
 END
@@ -449,6 +459,7 @@ CREATE OR REPLACE FUNCTION fenced_lease.disable(tbl regclass)
 RETURNS void LANGUAGE plpgsql SET client_min_messages = warning AS $$
 BEGIN
   EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease_1_statement ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_1_truncate ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_2_presented ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_3_insert ON %1$s; '
     'DROP TRIGGER IF EXISTS fenced_lease_3_update ON %1$s; '
