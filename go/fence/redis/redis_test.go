@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -13,7 +14,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-func TestTheServerRefusesALowerTokenWithBothTokens(t *testing.T) {
+// connect is a client of FL_REDIS_URL's server, closed with the test.
+func connect(t *testing.T) (context.Context, *goredis.Client) {
 	url := os.Getenv("FL_REDIS_URL")
 	if url == "" {
 		if os.Getenv("FL_REQUIRE_CLUSTER") == "1" {
@@ -27,13 +29,17 @@ func TestTheServerRefusesALowerTokenWithBothTokens(t *testing.T) {
 	}
 	rdb := goredis.NewClient(opts)
 	t.Cleanup(func() { _ = rdb.Close() })
-	ctx := testenv.Ctx(t, 30*time.Second)
+	return testenv.Ctx(t, 30*time.Second), rdb
+}
+
+func TestTheServerRefusesALowerTokenWithBothTokens(t *testing.T) {
+	ctx, rdb := connect(t)
 	_ = rdb.FunctionDelete(ctx, "fenced_lease").Err() // the guard loads it when missing
 	key := "go-payout:" + testenv.RandomSuffix()
 	if err := redis.Set(ctx, rdb, key, "paid by a", 7); err != nil {
 		t.Fatal(err)
 	}
-	err = redis.Set(ctx, rdb, key, "paid by stale", 6)
+	err := redis.Set(ctx, rdb, key, "paid by stale", 6)
 	var f *fence.Fenced
 	if !errors.As(err, &f) || f.Presented != 6 || f.Highest != 7 {
 		t.Fatalf("err = %v, want Fenced{6, 7}", err)
@@ -77,20 +83,7 @@ func TestTheEmbeddedLibraryIsTheRepositorys(t *testing.T) {
 // A stale holder's write to another key of the account is refused by the scope's one mark; a
 // batch runs after one check.
 func TestAScopesKeysShareOneMark(t *testing.T) {
-	url := os.Getenv("FL_REDIS_URL")
-	if url == "" {
-		if os.Getenv("FL_REQUIRE_CLUSTER") == "1" {
-			t.Fatal("FL_REDIS_URL is not set: eval \"$(hack/datastores up)\"")
-		}
-		t.Skip("FL_REDIS_URL not set")
-	}
-	opts, err := goredis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := goredis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
-	ctx := testenv.Ctx(t, 30*time.Second)
+	ctx, rdb := connect(t)
 	account, err := redis.NewScope("go-acct-" + testenv.RandomSuffix())
 	if err != nil {
 		t.Fatal(err)
