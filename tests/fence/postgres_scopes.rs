@@ -627,6 +627,82 @@ async fn under_repeatable_read_a_snapshot_older_than_the_mark_writes_nothing() {
     assert_eq!(count(&c1, &t).await, 3);
 }
 
+/// One holder's writer in the race: from `round` × 400 ms on, for 0.3 to 1.2 s, transactions of
+/// `round` (its token) each inserting one row of `scope`, with a pause inside the transaction
+/// after its check; how many were accepted and refused.
+async fn race_writer(t: String, scope: String, round: i64, w: u32) -> (usize, usize) {
+    tokio::time::sleep(Duration::from_millis(400 * (round as u64 - 1))).await;
+    let mut client = connect().await;
+    let until =
+        std::time::Instant::now() + Duration::from_millis(300 + rand::random::<u64>() % 900);
+    let insert = format!("INSERT INTO {t} (scope, writer, fence_token) VALUES ($1, $2, $3)");
+    let (mut accepted, mut refused) = (0, 0);
+    while std::time::Instant::now() < until {
+        let tx = begin(&mut client, round).await.unwrap();
+        let written = tx
+            .execute(&insert, &[&scope, &format!("{round}.{w}"), &round])
+            .await
+            .map_err(Error::from);
+        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 40)).await;
+        let outcome = match written {
+            Ok(_) => tx.commit().await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => accepted += 1,
+            Err(e) if e.is_fenced() => refused += 1,
+            // A deadlock victim wrote nothing.
+            Err(Error::Postgres(e)) if e.code().map(|c| c.code()) == Some("40P01") => refused += 1,
+            Err(e) => panic!("writer {round}.{w} of {scope}: {e}"),
+        }
+    }
+    (accepted, refused)
+}
+
+/// The (scope, token) of every row inserted into `t`, in the order the database committed
+/// them: what the logical replication `slot` (test_decoding) decodes, read and dropped.
+async fn commit_order(admin: &Client, slot: &str, t: &str) -> Vec<(String, i64)> {
+    // Decoded up to the WAL flushed (the test server commits asynchronously: a checkpoint
+    // flushes it all).
+    admin.batch_execute("CHECKPOINT").await.unwrap();
+    let changes = admin
+        .query(
+            "SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    admin
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .unwrap();
+    // `table public.t: INSERT: id[bigint]:1 scope[text]:'s' ... fence_token[bigint]:7`
+    let field = |data: &str, name: &str| -> Option<String> {
+        let value = &data[data.find(&format!(" {name}["))?..];
+        let value = &value[value.find("]:")? + 2..];
+        Some(
+            value
+                .trim_start_matches('\'')
+                .split(['\'', ' '])
+                .next()?
+                .to_string(),
+        )
+    };
+    let prefix = format!("table public.{t}: INSERT:");
+    changes
+        .iter()
+        .map(|row| row.get::<_, String>(0))
+        .filter(|data| data.starts_with(&prefix))
+        .map(|data| {
+            let token = field(&data, "fence_token").and_then(|v| v.parse().ok());
+            (
+                field(&data, "scope").expect("scope"),
+                token.expect("a token"),
+            )
+        })
+        .collect()
+}
+
 /// Paused stale holders racing the current holder's concurrent transactions on several scopes of
 /// one table, checked in the database's own commit order (logical decoding): no row with a
 /// lower token commits after a row with a higher token in its scope. `FL_GUARD_RACE=<duration>`
@@ -661,106 +737,39 @@ async fn in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope(
         .ok()
         .and_then(|s| humantime::parse_duration(&s).ok())
         .map_or(6, |d| d.as_secs());
-    let scopes: Vec<String> = (0..3).map(|i| format!("{t}-{i}")).collect();
+    // Each of 3 scopes: a new holder every 400 ms, whose 3 writers go on after the next took over.
     let mut writers = Vec::new();
-    for scope in &scopes {
-        // Each scope: a new holder every ~400 ms; each holder's 3 writers go on for a while
-        // after the next one took over, pausing inside their transactions after the check.
-        let rounds = (secs * 1000 / 400).max(2);
-        for round in 1..=rounds as i64 {
+    for scope in (0..3).map(|i| format!("{t}-{i}")) {
+        for round in 1..=(secs * 1000 / 400).max(2) as i64 {
             for w in 0..3 {
-                let (t, scope) = (t.clone(), scope.clone());
-                writers.push(tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(400 * (round as u64 - 1))).await;
-                    let mut client = connect().await;
-                    let until = std::time::Instant::now()
-                        + Duration::from_millis(300 + rand::random::<u64>() % 900);
-                    let (mut accepted, mut refused) = (0, 0);
-                    while std::time::Instant::now() < until {
-                        let tx = begin(&mut client, round).await.unwrap();
-                        let insert = tx
-                            .execute(
-                                &format!("INSERT INTO {t} (scope, writer, fence_token) VALUES ($1, $2, $3)"),
-                                &[&scope, &format!("{round}.{w}"), &round],
-                            )
-                            .await
-                            .map_err(Error::from);
-                        // A pause after the check, inside the transaction.
-                        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 40)).await;
-                        let outcome = match insert {
-                            Ok(_) => tx.commit().await,
-                            Err(e) => Err(e),
-                        };
-                        match outcome {
-                            Ok(()) => accepted += 1,
-                            Err(e) if e.is_fenced() => refused += 1,
-                            Err(Error::Postgres(e))
-                                if e.code().map(|c| c.code()) == Some("40P01") =>
-                            {
-                                refused += 1 // a deadlock victim wrote nothing
-                            }
-                            Err(e) => panic!("writer {round}.{w} of {scope}: {e}"),
-                        }
-                    }
-                    (accepted, refused)
-                }));
+                writers.push(tokio::spawn(race_writer(
+                    t.clone(),
+                    scope.clone(),
+                    round,
+                    w,
+                )));
             }
         }
     }
     let (mut accepted, mut refused) = (0, 0);
     for writer in writers {
         let (a, r) = writer.await.unwrap();
-        accepted += a;
-        refused += r;
+        (accepted, refused) = (accepted + a, refused + r);
     }
 
-    // The database's commit order: test_decoding prints each committed transaction's rows, up
-    // to the WAL flushed (the test server commits asynchronously: a checkpoint flushes it all).
-    admin.batch_execute("CHECKPOINT").await.unwrap();
-    let changes = admin
-        .query(
-            "SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)",
-            &[&slot],
-        )
-        .await
-        .unwrap();
-    admin
-        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-        .await
-        .unwrap();
-    let field = |data: &str, name: &str| -> Option<String> {
-        let at = data.find(&format!(" {name}["))?;
-        let value = &data[at..];
-        let value = &value[value.find("]:")? + 2..];
-        Some(
-            value
-                .trim_start_matches('\'')
-                .split(['\'', ' '])
-                .next()?
-                .to_string(),
-        )
-    };
-    let mut highest: std::collections::HashMap<String, i64> = Default::default();
-    let mut committed = 0;
-    for row in changes {
-        let data: String = row.get(0);
-        if !data.starts_with(&format!("table public.{t}: INSERT:")) {
-            continue;
-        }
-        let scope = field(&data, "scope").expect("scope");
-        let token: i64 = field(&data, "fence_token")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no token in {data}"));
-        let seen = highest.entry(scope.clone()).or_default();
+    let committed = commit_order(&admin, &slot, &t).await;
+    let mut highest: std::collections::HashMap<&str, i64> = Default::default();
+    for (scope, token) in &committed {
+        let seen = highest.entry(scope).or_default();
         assert!(
-            token >= *seen,
+            *token >= *seen,
             "in commit order, a row of token {token} of scope {scope} committed after one of token {seen}"
         );
-        *seen = token;
-        committed += 1;
+        *seen = *token;
     }
     assert_eq!(
-        committed, accepted,
+        committed.len(),
+        accepted,
         "every accepted insert, and no other, committed"
     );
     assert!(
@@ -768,7 +777,7 @@ async fn in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope(
         "the race ran: {accepted} accepted, {refused} refused"
     );
     eprintln!(
-        "{committed} inserts committed in order over {} scopes, {refused} refused",
-        scopes.len()
+        "{} inserts committed in order over 3 scopes, {refused} refused",
+        committed.len()
     );
 }
