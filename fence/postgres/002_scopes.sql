@@ -111,19 +111,6 @@ BEGIN
 END
 $$;
 
--- The token of the setting fenced_lease.token, NULL if unset (not validated: the statement
--- trigger validates it first).
-CREATE OR REPLACE FUNCTION fenced_lease.setting_token()
-RETURNS bigint LANGUAGE sql STABLE AS $$
-  SELECT nullif(current_setting('fenced_lease.token', true), '')::bigint
-$$;
-
--- Whether the setting fenced_lease.exempt asks for the exemption (checked by the statement trigger).
-CREATE OR REPLACE FUNCTION fenced_lease.exempting()
-RETURNS boolean LANGUAGE sql STABLE AS $$
-  SELECT coalesce(current_setting('fenced_lease.exempt', true), '') <> ''
-$$;
-
 -- The refusal of a token lower than a scope's mark.
 CREATE OR REPLACE FUNCTION fenced_lease.fenced_out(scope text, token bigint, highest bigint)
 RETURNS void LANGUAGE plpgsql AS $$
