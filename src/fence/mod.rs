@@ -94,6 +94,21 @@ impl Error {
     }
 }
 
+/// The longest scope name a guard takes (PostgreSQL's bound; a Redis scope is a hash tag).
+pub const MAX_SCOPE_LEN: usize = 512;
+
+/// Refuses a scope name no guard takes: empty, or longer than [`MAX_SCOPE_LEN`] characters.
+pub fn check_scope(name: &str) -> Result<(), Error> {
+    let len = name.chars().count();
+    if len == 0 || len > MAX_SCOPE_LEN {
+        return Err(Error::InvalidName(format!(
+            "invalid scope {:?}: a scope is a name of 1 to {MAX_SCOPE_LEN} characters",
+            name.chars().take(40).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses tokens no lease issues (negative, or above 2^53 - 1, which Redis would compare
 /// inexactly) before any I/O.
 pub(crate) fn check_token(token: i64) -> Result<i64, Error> {

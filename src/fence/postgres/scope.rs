@@ -10,26 +10,17 @@ use tokio_postgres::{Client, GenericClient};
 
 use super::rows::FencedTransaction;
 use super::{install_if_missing, quote_path};
-use crate::fence::{Error, check_token};
+use crate::fence::{Error, check_scope, check_token};
 
-/// The longest scope name the database takes.
-pub const MAX_SCOPE_LEN: usize = 512;
-
-/// The name of a resource a lease protects: 1 to [`MAX_SCOPE_LEN`] characters.
+/// The name of a resource a lease protects: 1 to [`MAX_SCOPE_LEN`](crate::fence::MAX_SCOPE_LEN) characters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Scope(String);
 
 impl Scope {
     /// `name` as a scope; [`Error::InvalidName`] if it is empty or longer than
-    /// [`MAX_SCOPE_LEN`] characters.
+    /// [`MAX_SCOPE_LEN`](crate::fence::MAX_SCOPE_LEN) characters.
     pub fn new(name: &str) -> Result<Self, Error> {
-        let len = name.chars().count();
-        if len == 0 || len > MAX_SCOPE_LEN {
-            return Err(Error::InvalidName(format!(
-                "invalid scope {:?}: a scope is a name of 1 to {MAX_SCOPE_LEN} characters",
-                name.chars().take(40).collect::<String>()
-            )));
-        }
+        check_scope(name)?;
         Ok(Scope(name.to_string()))
     }
 
@@ -123,6 +114,7 @@ pub async fn enable_by_column(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::MAX_SCOPE_LEN;
 
     #[test]
     fn a_scope_is_a_name_of_1_to_512_characters() {

@@ -287,14 +287,9 @@ pub struct HolderArgs {
     pub identity: Option<String>,
 }
 
-/// A scope name: 1 to 512 characters (PostgreSQL's bound).
+/// A scope name the guards take (`fence::check_scope`).
 fn parse_scope(s: &str) -> Result<String, String> {
-    let len = s.chars().count();
-    if len == 0 || len > 512 {
-        return Err(format!(
-            "a scope is a name of 1 to 512 characters, got {len}"
-        ));
-    }
+    crate::fence::check_scope(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
