@@ -218,7 +218,7 @@ pub enum Command {
     /// gets SIGTERM, then SIGKILL after --grace. Send FENCE_TOKEN with every write, so the
     /// protected resource can refuse a holder that lost the lease; FENCE_SCOPE names what it
     /// fences (the scope of a PostgreSQL table or Redis keys; --scope, else
-    /// <namespace>/<lease>).
+    /// `<namespace>/<lease>`).
     ///
     /// For a CronJob that must skip a run while the previous one still holds the lease:
     /// `--wait 0` takes the lease only if it is free, else exits 75 at once.
@@ -244,7 +244,7 @@ pub enum Command {
         kill_group: bool,
         /// The scope CMD's writes present their token to (FENCE_SCOPE): the name a
         /// PostgreSQL table is bound to, or the hash tag of Redis keys (default:
-        /// <namespace>/<lease>).
+        /// `<namespace>/<lease>`).
         #[arg(long, value_parser = parse_scope)]
         scope: Option<String>,
         /// The command and its arguments.
