@@ -333,6 +333,19 @@ CREATE OR REPLACE VIEW fenced_lease.bindings AS
 COMMENT ON VIEW fenced_lease.bindings IS 'fenced-lease: the tables bound to a scope (scope) or to the scope of each row (scope_column)';
 GRANT SELECT ON fenced_lease.bindings TO PUBLIC;
 
+-- Drops the triggers a binding put on `tbl` (bind before it binds anew, and disable).
+CREATE OR REPLACE FUNCTION fenced_lease.drop_triggers(tbl regclass)
+RETURNS void LANGUAGE plpgsql SET client_min_messages = warning AS $$
+BEGIN
+  EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease_1_statement ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_1_truncate ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_2_presented ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_3_insert ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_3_update ON %1$s; '
+    'DROP TRIGGER IF EXISTS fenced_lease_3_delete ON %1$s; ', tbl);
+END
+$$;
+
 -- Binds `tbl` (triggers, fence_token column, initial marks); `args`: the triggers' arguments.
 CREATE OR REPLACE FUNCTION fenced_lease.bind(tbl regclass, want text, args text)
 RETURNS void LANGUAGE plpgsql SET client_min_messages = warning AS $$
@@ -355,12 +368,7 @@ BEGIN
   -- No default: a row that presents no token is told from one that does (001's was 0).
   EXECUTE format('ALTER TABLE %s ALTER COLUMN fence_token DROP NOT NULL, '
     'ALTER COLUMN fence_token DROP DEFAULT', tbl);
-  EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease_1_statement ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_1_truncate ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_2_presented ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_3_insert ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_3_update ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_3_delete ON %1$s; ', tbl);
+  PERFORM fenced_lease.drop_triggers(tbl);
   -- The statement's check, when it presents a token or asks for the exemption (a statement
   -- that does neither is refused row by row, below); a TRUNCATE, always.
   EXECUTE format('CREATE TRIGGER fenced_lease_1_statement BEFORE INSERT OR UPDATE OR DELETE ON %1$s '
@@ -445,12 +453,7 @@ $$;
 CREATE OR REPLACE FUNCTION fenced_lease.disable(tbl regclass)
 RETURNS void LANGUAGE plpgsql SET client_min_messages = warning AS $$
 BEGIN
-  EXECUTE format('DROP TRIGGER IF EXISTS fenced_lease_1_statement ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_1_truncate ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_2_presented ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_3_insert ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_3_update ON %1$s; '
-    'DROP TRIGGER IF EXISTS fenced_lease_3_delete ON %1$s; ', tbl);
+  PERFORM fenced_lease.drop_triggers(tbl);
   RAISE WARNING 'fenced_lease: % is no longer fenced', tbl;
 END
 $$;
