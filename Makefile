@@ -22,7 +22,7 @@ soak: deps ## the safety suite's long profile (tests/safety/jepsen), then the Po
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \
 	eval "$$(hack/datastores up)" && eval "$$(hack/control-plane up)" && \
 	$(CARGO) test --locked --all-features --test jepsen -- --profile long $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION)) && \
-	FL_GUARD_RACE=$(or $(DURATION),20m) $(CARGO) test --locked --all-features --test fence_postgres -- --exact scopes::in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope; \
+	FL_GUARD_RACE=$(or $(DURATION),20m) $(CARGO) test --locked --all-features --test cluster -- --exact fence::postgres::scopes::in_commit_order_no_lower_token_commits_after_a_higher_one_in_its_scope; \
 	rc=$$?; [ -z "$$started" ] || hack/datastores down; exit $$rc
 
 deps: ## Debian packages, Rust components, and the Go-built tools (hack/tools: the control plane, Helm, promtool, revive; cached)

@@ -26,7 +26,7 @@
 //! one. A silent connection is left at most 5 s after it last delivered anything. A holder with
 //! the default 15 s lease (a renew every 5 s, its deadline 13.5 s after the last renew
 //! accepted) renews on a new connection 5.1 s after its connection went silent
-//! (`tests/holder/outage.rs`); without the pings it lost the lease. client-go pings too, after
+//! (`tests/timed/holder/outage.rs`); without the pings it lost the lease. client-go pings too, after
 //! 30 s and with 15 s to answer: ours are shorter because a holder's lease can be a few seconds.
 //! A lease shorter than about 6 s does not outlast a silent connection.
 

@@ -280,7 +280,7 @@ pub fn api_error_message<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> 
     }
 }
 
-// ---- Holder-side helpers (tests/holder/) ----
+// ---- Holder-side helpers (the holder modules of tests/timed and tests/cluster) ----
 
 impl TestNamespace {
     /// Creates FencedLease `name` with the given lease duration.

@@ -1,0 +1,12 @@
+//! The fences: Kubernetes objects fenced by the apiserver, and the PostgreSQL and Redis guards.
+
+mod follow;
+mod identity;
+mod kube;
+mod plain_controller;
+mod policy_scope;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+mod security;

@@ -1,0 +1,3 @@
+//! What a holder's Role allows.
+
+mod rbac;

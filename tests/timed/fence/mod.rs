@@ -1,0 +1,3 @@
+//! The Kubernetes-object fence's I11 window.
+
+mod i11_window;
