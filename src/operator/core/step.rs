@@ -14,7 +14,11 @@
 //!    a write preconditioned on that copy carries a decision no older than it.
 //! 5. **Read the token record** before the first grant of a lease object: tokens continue
 //!    above the last one issued under its name (I1).
-//! 6. **Write** the status, or be **done** when it already says so.
+//! 6. **Record a token above the clock** before it is issued: a token the wall clock has not
+//!    reached (a `minToken` or a record above the clock) is what a lease re-created under the
+//!    same name could not rise above by the clock, so it goes into the token record first,
+//!    where a stripped finalizer cannot take it (I1).
+//! 7. **Write** the status, or be **done** when it already says so.
 //!
 //! After each read the reconcile decides again on what it learnt; [`next_step`] is given
 //! what it knows and what the decision said, and names the one thing to do next.
@@ -33,6 +37,8 @@ pub struct Known {
     pub record: Option<i64>,
     /// The followed Lease was read from the API since the lease copy decided on was.
     pub followed_read: bool,
+    /// The token this reconcile has written into the token record ahead of its grant.
+    pub recorded_ahead: Option<i64>,
 }
 
 /// What this round's decision rests on and says.
@@ -45,6 +51,9 @@ pub struct Round<'a> {
     pub plan: &'a Plan,
     /// The status the plan implies is the current one.
     pub unchanged: bool,
+    /// The wall clock, ms since the Unix epoch: a token above it is recorded before it is
+    /// issued.
+    pub now_ms: i64,
 }
 
 /// One step of writing a lease's status (see the module's list for the order).
@@ -55,6 +64,7 @@ pub enum Step {
     Expire,
     ReadFollowed,
     ReadRecord,
+    RecordAhead,
     Write,
     Done,
 }
@@ -81,6 +91,12 @@ pub fn next_step(known: &Known, round: &Round) -> Step {
     }
     if plan.grant.is_some() && current.fencing_token == 0 && known.record.is_none() {
         return Step::ReadRecord;
+    }
+    if let Some(grant) = &plan.grant
+        && grant.token > round.now_ms
+        && known.recorded_ahead.is_none_or(|t| t < grant.token)
+    {
+        return Step::RecordAhead;
     }
     if round.unchanged {
         Step::Done
@@ -131,9 +147,12 @@ mod tests {
             newest_grant: newest,
             plan,
             unchanged: false,
+            now_ms: NOW_MS,
         };
         next_step(known, &round)
     }
+
+    const NOW_MS: i64 = 1_764_500_000_000;
 
     #[test]
     fn a_lagging_lease_copy_is_read_before_anything_else() {
@@ -203,6 +222,48 @@ mod tests {
     }
 
     #[test]
+    fn a_token_above_the_clock_is_recorded_before_it_is_issued() {
+        let above = |token: i64| Plan {
+            grant: Some(Grant {
+                claim: "b".into(),
+                uid: "uid-b".into(),
+                token,
+            }),
+            ..Plan::default()
+        };
+        let released = FencedLeaseStatus {
+            fencing_token: NOW_MS + 5_000,
+            ..Default::default()
+        };
+        let newest = released.fencing_token;
+        // At or below the clock: the clock floor covers it, no record.
+        assert_eq!(step(&Known::default(), &released, newest, &above(NOW_MS)), Step::Write);
+        // Above it: recorded first, once; a later, higher grant of the same reconcile again.
+        let token = NOW_MS + 5_001;
+        assert_eq!(
+            step(&Known::default(), &released, newest, &above(token)),
+            Step::RecordAhead
+        );
+        let recorded = Known {
+            recorded_ahead: Some(token),
+            ..Default::default()
+        };
+        assert_eq!(step(&recorded, &released, newest, &above(token)), Step::Write);
+        assert_eq!(
+            step(&recorded, &released, newest, &above(token + 1)),
+            Step::RecordAhead
+        );
+        // A first grant reads the record before it records ahead (the token rests on it).
+        let fresh = FencedLeaseStatus::default();
+        assert_eq!(step(&Known::default(), &fresh, 0, &above(token)), Step::ReadRecord);
+        let read = Known {
+            record: Some(token - 1),
+            ..Default::default()
+        };
+        assert_eq!(step(&read, &fresh, 0, &above(token)), Step::RecordAhead);
+    }
+
+    #[test]
     fn a_followed_lease_is_read_before_its_holder_changes_and_only_then() {
         let follow = |p: Plan| Plan {
             follows: Some(crate::operator::core::decide::Follow {
@@ -254,6 +315,7 @@ mod tests {
             newest_grant: 3,
             plan: &p,
             unchanged: true,
+            now_ms: NOW_MS,
         };
         assert_eq!(next_step(&Known::default(), &round), Step::Done);
         assert_eq!(

@@ -8,9 +8,12 @@
 //! The record is the second line of defence: tokens are also never below the wall-clock
 //! time of their grant (see [`crate::operator::core::token`]), so a lease re-created after the record is
 //! lost too (deleted, left behind in another namespace, the finalizer stripped) still starts
-//! above its past. A record that cannot be read is never taken as zero: the lease waits, with
+//! above its past. That covers only the tokens the clock had reached when they were issued; a
+//! token above the clock (a `minToken` or a record above it) is recorded here *before* its
+//! grant is written ([`crate::operator::core::step`], step 6), so a finalizer stripped later
+//! cannot take it. A record that cannot be read is never taken as zero: the lease waits, with
 //! a condition and a Warning Event, until someone repairs or deletes it. Records older than
-//! [`PRUNE_AFTER`] by the clock are dropped when a record is written: the clock covers them.
+//! [`PRUNE_AFTER_MS`] by the clock are dropped when a record is written: the clock covers them.
 
 use crate::operator::state::locked;
 use crate::operator::state::records::raise;

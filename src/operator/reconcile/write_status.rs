@@ -71,6 +71,7 @@ pub async fn write_lease_status(
             newest_grant: newest_grant(&d.claims),
             plan: &d.plan,
             unchanged: d.current == d.desired,
+            now_ms: Timestamp::now().as_millisecond(),
         };
         match next_step(&reads.known, &round) {
             Step::ReadLease => {
@@ -97,6 +98,11 @@ pub async fn write_lease_status(
             Step::ReadRecord => {
                 let record = token_records::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
+            }
+            Step::RecordAhead => {
+                let token = d.plan.grant.as_ref().map_or(0, |g| g.token);
+                token_records::record(ctx, &ns, &name, token).await?;
+                reads.known.recorded_ahead = Some(token);
             }
             Step::Done => {
                 let (current, plan, overlaid) = d.into_parts();

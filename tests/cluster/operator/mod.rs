@@ -6,3 +6,4 @@ mod metric_names;
 mod namespaces;
 mod rbac;
 mod schema_drift;
+mod tokens_above_the_clock;
