@@ -237,7 +237,10 @@ mod tests {
         };
         let newest = released.fencing_token;
         // At or below the clock: the clock floor covers it, no record.
-        assert_eq!(step(&Known::default(), &released, newest, &above(NOW_MS)), Step::Write);
+        assert_eq!(
+            step(&Known::default(), &released, newest, &above(NOW_MS)),
+            Step::Write
+        );
         // Above it: recorded first, once; a later, higher grant of the same reconcile again.
         let token = NOW_MS + 5_001;
         assert_eq!(
@@ -248,14 +251,20 @@ mod tests {
             recorded_ahead: Some(token),
             ..Default::default()
         };
-        assert_eq!(step(&recorded, &released, newest, &above(token)), Step::Write);
+        assert_eq!(
+            step(&recorded, &released, newest, &above(token)),
+            Step::Write
+        );
         assert_eq!(
             step(&recorded, &released, newest, &above(token + 1)),
             Step::RecordAhead
         );
         // A first grant reads the record before it records ahead (the token rests on it).
         let fresh = FencedLeaseStatus::default();
-        assert_eq!(step(&Known::default(), &fresh, 0, &above(token)), Step::ReadRecord);
+        assert_eq!(
+            step(&Known::default(), &fresh, 0, &above(token)),
+            Step::ReadRecord
+        );
         let read = Known {
             record: Some(token - 1),
             ..Default::default()

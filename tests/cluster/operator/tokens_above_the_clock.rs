@@ -36,7 +36,10 @@ async fn granted(ns: &TestNamespace, lease: &str, claim: &str) -> i64 {
     ns.create_claim(claim, lease, None).await;
     let token = {
         let _beat = ns.keep_beating(claim, Duration::from_secs(1));
-        wait_for(&format!("{claim} granted"), WAIT, || ns.granted_token(claim)).await
+        wait_for(&format!("{claim} granted"), WAIT, || {
+            ns.granted_token(claim)
+        })
+        .await
     };
     let claims = ns.api::<FencedLeaseClaim>();
     let _ = claims.delete(claim, &DeleteParams::default()).await;
@@ -78,7 +81,12 @@ async fn a_lease_deleted_without_its_finalizer_never_reissues_a_token_above_the_
     let ns = TestNamespace::new("i1-ahead").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
 
-    create_lease(&ns, "books", json!({"leaseDurationSeconds": 30, "minToken": AHEAD})).await;
+    create_lease(
+        &ns,
+        "books",
+        json!({"leaseDurationSeconds": 30, "minToken": AHEAD}),
+    )
+    .await;
     let first = granted(&ns, "books", "a").await;
     assert_eq!(first, AHEAD + 1, "the first token above minToken");
     delete_stripped(&ns, "books").await;
@@ -100,7 +108,12 @@ async fn a_token_above_the_clock_from_a_record_is_recorded_before_it_is_issued()
     let ns = TestNamespace::new("i1-chain").await;
     let _op = OperatorProcess::start(&ns.name, &[]);
 
-    create_lease(&ns, "chain", json!({"leaseDurationSeconds": 30, "minToken": AHEAD})).await;
+    create_lease(
+        &ns,
+        "chain",
+        json!({"leaseDurationSeconds": 30, "minToken": AHEAD}),
+    )
+    .await;
     let first = granted(&ns, "chain", "a").await;
     ns.delete_lease("chain").await;
 
