@@ -39,6 +39,16 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The name libtest knows test `function` of module `module` by (`module_path!()`, which
+/// starts with the crate's name; libtest's names do not): for a test binary that runs itself
+/// again with `--exact` to run one of its ignored tests as a child process.
+pub fn test_name(module: &str, function: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{function}"),
+        None => function.to_string(),
+    }
+}
+
 pub fn run(cmd: &mut Command) -> Output {
     let out = cmd
         .output()

@@ -102,7 +102,7 @@ async fn a_guard_dropped_at_the_end_of_main_releases_before_the_runtime_goes() {
         .args([
             "--ignored",
             "--exact",
-            "guard_dropped_at_the_end_of_main_child",
+            &common::test_name(module_path!(), "guard_dropped_at_the_end_of_main_child"),
             "--nocapture",
         ])
         .env("FL_CHILD_NAMESPACE", &ns.name)

@@ -254,7 +254,12 @@ async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
     let _operator = OperatorProcess::start(&ns.name, &[]);
     ns.create_lease("db", 2);
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--ignored", "--exact", "paused_holder_child", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            &common::test_name(module_path!(), "paused_holder_child"),
+            "--nocapture",
+        ])
         .env("FL_CHILD_NAMESPACE", &ns.name)
         .env("FL_CHILD_KUBECONFIG", ns.admin_kubeconfig())
         .stdout(Stdio::piped())
