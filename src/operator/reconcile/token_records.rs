@@ -156,6 +156,55 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
     }
 }
 
+/// Records `token`, about to be granted by the live lease `ns/name` above the wall clock, before
+/// it is issued (see the module). Unlike a finalizer's record, a damaged record of this lease is
+/// overwritten: while the lease object exists only this function writes its key, the lease
+/// started above what the key held when it was first read (its first grant rested on it), and
+/// `token` is above every token the lease issued since, so the key can only rise.
+pub async fn record_ahead(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
+    match record(ctx, ns, name, token).await {
+        Err(Error::TokenRecord { record, reason }) => {
+            tracing::warn!(lease = %name, namespace = %ns, %record, %reason, token,
+                "the lease's token record was damaged; overwriting it with the token about to be granted");
+            overwrite(ctx, ns, name, token).await
+        }
+        other => other,
+    }
+}
+
+/// Sets the record of `ns/name` to `token`, whatever it holds (see [`record_ahead`]).
+async fn overwrite(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), &ctx.state_namespace);
+    let cm_name = config_map_name(ns);
+    for _ in 0..10 {
+        let current = timed("read token record", ctx.kube.timeout, api.get_opt(&cm_name)).await?;
+        let Some(mut cm) = current else {
+            return record(ctx, ns, name, token).await;
+        };
+        if record_of(&cm, name).is_ok_and(|t| t >= token) {
+            return Ok(());
+        }
+        cm.data
+            .get_or_insert_default()
+            .insert(name.to_string(), token.to_string());
+        let replaced = timed(
+            "update token record",
+            ctx.kube.timeout,
+            api.replace(&cm_name, &PostParams::default(), &cm),
+        )
+        .await;
+        match replaced {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Contended(format!(
+        "{}/{cm_name}",
+        ctx.state_namespace
+    )))
+}
+
 /// Writes `batch` into the ConfigMap of namespace `ns` in one update; the leases whose
 /// record is damaged are left as they are and returned, each with its error.
 async fn write_records(

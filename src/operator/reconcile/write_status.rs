@@ -101,7 +101,7 @@ pub async fn write_lease_status(
             }
             Step::RecordAhead => {
                 let token = d.plan.grant.as_ref().map_or(0, |g| g.token);
-                token_records::record(ctx, &ns, &name, token).await?;
+                token_records::record_ahead(ctx, &ns, &name, token).await?;
                 reads.known.recorded_ahead = Some(token);
             }
             Step::Done => {

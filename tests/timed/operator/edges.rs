@@ -154,9 +154,10 @@ async fn i1_a_damaged_token_record_stops_grants_until_repaired() {
 }
 
 /// The record is read when the operator first sees a lease (before it puts its finalizer on),
-/// not on the first claim's path: it cannot change while that lease object exists, since only
-/// the finalizer of a lease of the same name writes it. So a record damaged afterwards does
-/// not hold up this lease's grants, and its value still carries the tokens on.
+/// not on the first claim's path: while that lease object exists only it writes its key (its
+/// finalizer, and a token above the clock recorded before its grant). So a record damaged
+/// afterwards does not hold up this lease's grants, its value still carries the tokens on, and
+/// the grant above the clock overwrites the damage with its token.
 #[tokio::test]
 async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
     let ns = TestNamespace::new("i1-ahead").await;
@@ -179,6 +180,20 @@ async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
     ns.create_claim("c", "l", None).await;
     let token = wait_for("the grant", WAIT, || ns.granted_token("c")).await;
     assert_eq!(token, RECORDED + 1, "the record read ahead is the floor");
+    let records = ns.api::<ConfigMap>();
+    let repaired = records
+        .get(&format!("fenced-lease-tokens.{}", ns.name))
+        .await
+        .unwrap();
+    assert_eq!(
+        repaired
+            .data
+            .unwrap_or_default()
+            .get("l")
+            .map(String::as_str),
+        Some((RECORDED + 1).to_string().as_str()),
+        "the token above the clock, recorded over the damage before its grant"
+    );
 }
 
 #[tokio::test]
