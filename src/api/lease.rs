@@ -60,6 +60,15 @@ pub struct FencedLeaseSpec {
     #[serde(default)]
     pub fence_objects: bool,
 
+    /// Refuse writers that are not pods, too, for what this lease fences (`spec.fence`,
+    /// `spec.fenceObjects`): people, CI, ServiceAccount tokens bound to no pod (minted with
+    /// `serviceaccounts/token`, legacy token Secrets). Only the holder's pod, identities a
+    /// Role rule naming the verb `override` on this lease allows, and the control plane's own
+    /// controllers write then. Off by default: writers that are not pods meet only the token
+    /// rule.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub only_holder_writes: bool,
+
     /// Kinds of objects in the lease's namespace that only the lease's holder may write,
     /// without labelling or stamping them: the apiserver refuses every write to them (any
     /// verb, any subresource) by a pod that is not the holder's pod.

@@ -32,6 +32,10 @@ type FencedLeaseSpec struct {
 	// FenceObjects has the apiserver refuse writes to objects labelled
 	// fencing.dev/lease=<this lease> whose fencing.dev/token is below the lease's token.
 	FenceObjects bool `json:"fenceObjects,omitempty"`
+	// OnlyHolderWrites refuses writers that are not pods too (people, CI, ServiceAccount
+	// tokens bound to no pod), for what the lease fences: only the holder's pod, identities a
+	// Role rule naming the verb override on this lease allows, and the control plane write.
+	OnlyHolderWrites bool `json:"onlyHolderWrites,omitempty"`
 	// Fence names kinds of objects in the lease's namespace that only the lease's holder pod
 	// may write, without labelling or stamping them.
 	Fence *FenceSpec `json:"fence,omitempty"`

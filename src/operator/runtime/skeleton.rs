@@ -20,6 +20,7 @@ impl Skeleton for FencedLease {
             min_token: 0,
             annotate_holder_pod: true,
             fence_objects: false,
+            only_holder_writes: false,
             fence: None,
             follow: None,
         };

@@ -10,3 +10,4 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 mod security;
+mod writers;

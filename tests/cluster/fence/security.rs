@@ -37,7 +37,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(30);
+pub(super) const WAIT: Duration = Duration::from_secs(30);
 
 /// 2^52 and 2^53: the edges of the token bound (2^53 − 1, exact in a double).
 const TWO_52: i64 = 1 << 52;
@@ -48,10 +48,10 @@ const TWO_53: i64 = 1 << 53;
 /// What the test found wrong, collected so that one run on unfixed code shows every gap of an
 /// item, not only the first; [`Findings::finish`] fails the test with all of them.
 #[derive(Default)]
-struct Findings(Vec<String>);
+pub(super) struct Findings(Vec<String>);
 
 impl Findings {
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+    pub(super) fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
         if !ok {
             let what = what();
             eprintln!("FINDING: {what}");
@@ -60,7 +60,7 @@ impl Findings {
     }
 
     /// Fails now, with everything found so far, if anything was.
-    fn finish(&self) {
+    pub(super) fn finish(&self) {
         assert!(
             self.0.is_empty(),
             "{} finding(s):\n- {}",
@@ -71,7 +71,7 @@ impl Findings {
 }
 
 /// What came of a request, for messages.
-fn describe<T>(result: &Result<T, kube::Error>) -> String {
+pub(super) fn describe<T>(result: &Result<T, kube::Error>) -> String {
     match result {
         Ok(_) => "accepted".into(),
         Err(kube::Error::Api(s)) => format!("{} {}: {}", s.code, s.reason, s.message),
@@ -80,7 +80,7 @@ fn describe<T>(result: &Result<T, kube::Error>) -> String {
 }
 
 /// `(code, message)` when the apiserver refused the request.
-fn refusal<T>(result: &Result<T, kube::Error>) -> Option<(u16, String)> {
+pub(super) fn refusal<T>(result: &Result<T, kube::Error>) -> Option<(u16, String)> {
     match result {
         Err(kube::Error::Api(s)) => Some((s.code, s.message.clone())),
         _ => None,
@@ -108,7 +108,7 @@ where
 /// Sends `attempt` until the apiserver refuses it with 403 or 422 (the fence reads the lease
 /// through the apiserver's informer, so a refusal can trail a grant by a short window):
 /// `Ok((code, message))`, or `Err(what came of the last attempt)` after `timeout`.
-async fn refused_within<T, F, Fut>(
+pub(super) async fn refused_within<T, F, Fut>(
     timeout: Duration,
     mut attempt: F,
 ) -> Result<(u16, String), String>
@@ -131,7 +131,10 @@ where
 
 /// Sends `attempt` until it is accepted: `Ok`, or `Err(what came of the last attempt)` after
 /// `timeout`.
-async fn accepted_within<T, F, Fut>(timeout: Duration, mut attempt: F) -> Result<T, String>
+pub(super) async fn accepted_within<T, F, Fut>(
+    timeout: Duration,
+    mut attempt: F,
+) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, kube::Error>>,
@@ -153,7 +156,7 @@ where
 /// Waits until the user of `client` may `verb` `group`/`resource` (`resource/subresource`,
 /// optionally named `name`) in `ns`, as the authorizer answers it: RBAC bindings reach the authorizer through an
 /// informer, and a test must not mistake "not yet bound" for a refusal by the fence.
-async fn wait_allowed(
+pub(super) async fn wait_allowed(
     client: &Client,
     ns: &str,
     verb: &str,
@@ -192,7 +195,7 @@ fn lease(name: &str, spec: serde_json::Value) -> FencedLease {
 }
 
 /// Creates lease `name` with `spec` as the user of `client` in `ns`.
-async fn create_lease_as(
+pub(super) async fn create_lease_as(
     client: &Client,
     ns: &str,
     name: &str,
@@ -205,7 +208,7 @@ async fn create_lease_as(
 
 /// Claim `pod.name` on `lease`, made by the pod itself with its own token (naming and owned by
 /// the pod, as the holder library and `kubectl fence` make it).
-async fn claim_as_pod(ns: &TestNamespace, pod: &TestPod, lease: &str) {
+pub(super) async fn claim_as_pod(ns: &TestNamespace, pod: &TestPod, lease: &str) {
     let claim: FencedLeaseClaim = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
         "metadata": {
@@ -222,15 +225,18 @@ async fn claim_as_pod(ns: &TestNamespace, pod: &TestPod, lease: &str) {
     .await;
 }
 
-fn config_map(name: &str, data: &str) -> ConfigMap {
+pub(super) fn config_map(name: &str, data: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"x": data}})).unwrap()
 }
 
-async fn create_config_map(api: &Api<ConfigMap>, cm: ConfigMap) -> Result<ConfigMap, kube::Error> {
+pub(super) async fn create_config_map(
+    api: &Api<ConfigMap>,
+    cm: ConfigMap,
+) -> Result<ConfigMap, kube::Error> {
     api.create(&PostParams::default(), &cm).await
 }
 
-async fn merge_patch<K>(
+pub(super) async fn merge_patch<K>(
     api: &Api<K>,
     name: &str,
     patch: serde_json::Value,
@@ -252,14 +258,14 @@ async fn scale(api: &Api<Deployment>, name: &str, replicas: i32) -> Result<(), k
 }
 
 /// Creates every object of `manifest` (YAML or JSON) with kubectl as the admin; panics on error.
-fn apply(ns: &TestNamespace, manifest: &str) {
+pub(super) fn apply(ns: &TestNamespace, manifest: &str) {
     let out = ns.kubectl_apply(manifest);
     assert!(out.status.success(), "{}", common::cli::both(&out));
 }
 
 /// Role `role` with `rules` (YAML list items) in the test namespace, bound by RoleBinding
 /// `<sa>-<role>` to ServiceAccount `sa` of the namespace.
-fn grant(ns: &TestNamespace, role: &str, sa: &str, rules: &str) {
+pub(super) fn grant(ns: &TestNamespace, role: &str, sa: &str, rules: &str) {
     apply(
         ns,
         &format!(
