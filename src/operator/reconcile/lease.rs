@@ -134,7 +134,8 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
     Ok(Some(wake.saturating_duration_since(Instant::now())))
 }
 
-/// The lease with the operator's finalizer, added if it is missing, or when to look again.
+/// The lease with the operator's finalizer, added if it is missing (and its label
+/// [`token_records::FOLLOWS_LABEL`] set as `spec.follow` says), or when to look again.
 /// No token is issued before the finalizer that will record it is in place; the lease as
 /// written carries it, so the grant goes on in this same reconcile. Its token record is read
 /// first, ahead of the first claim's grant: the lease as seen with its finalizer has had its
@@ -144,7 +145,7 @@ async fn with_finalizer(
     api: &Api<FencedLease>,
     lease: Arc<FencedLease>,
 ) -> Result<ControlFlow<Again, Arc<FencedLease>>> {
-    if token_records::has_finalizer(&lease) {
+    if token_records::metadata_settled(&lease) {
         return Ok(ControlFlow::Continue(lease));
     }
     token_records::read_ahead(ctx, &lease).await;

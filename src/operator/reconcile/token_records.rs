@@ -323,8 +323,9 @@ pub async fn before_first_grant(ctx: &Context, lease: &FencedLease) -> Result<i6
     read(ctx, &ns, &name).await
 }
 
-/// Adds the finalizer, guarded by the lease's resourceVersion so no other finalizer is lost;
-/// the lease as written, `None` when it is gone.
+/// Adds the finalizer if it is missing and sets the label [`FOLLOWS_LABEL`] as
+/// [`follows_label`] says, in one patch guarded by the lease's resourceVersion so no other
+/// finalizer is lost; the lease as written, `None` when it is gone.
 pub async fn add_finalizer(
     kube: &Kube,
     memory: &Memory,
@@ -332,8 +333,37 @@ pub async fn add_finalizer(
     lease: &FencedLease,
 ) -> Result<Option<FencedLease>> {
     let mut finalizers = lease.metadata.finalizers.clone().unwrap_or_default();
-    finalizers.push(FINALIZER.to_string());
-    patch_finalizers(kube, memory, api, lease, finalizers).await
+    if !has_finalizer(lease) {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let metadata = json!({
+        "finalizers": finalizers,
+        "labels": { FOLLOWS_LABEL: follows_label(lease) },
+    });
+    patch_metadata(kube, memory, api, lease, metadata).await
+}
+
+/// Label of a FencedLease that follows a coordination Lease (`spec.follow`), set and removed
+/// by the operator: the admission policy that refuses claims of such a lease
+/// (deploy/admission/follow.yaml) asks only the leases carrying it, not every lease of the
+/// claim's namespace (which made each claim create cost a policy evaluation per lease there).
+pub const FOLLOWS_LABEL: &str = "fencing.dev/follows";
+
+/// The value [`FOLLOWS_LABEL`] should have on `lease` (`None`: absent).
+pub fn follows_label(lease: &FencedLease) -> Option<&'static str> {
+    lease.spec.follow.as_ref().map(|_| "true")
+}
+
+/// The lease's finalizer and label are as [`add_finalizer`] sets them.
+pub fn metadata_settled(lease: &FencedLease) -> bool {
+    has_finalizer(lease)
+        && lease
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(FOLLOWS_LABEL))
+            .map(String::as_str)
+            == follows_label(lease)
 }
 
 /// Removes the finalizer (idempotent), guarded by the lease's resourceVersion.
@@ -354,20 +384,29 @@ pub async fn remove_finalizer(
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_finalizers(kube, memory, api, lease, finalizers)
-        .await
-        .map(drop)
+    patch_metadata(
+        kube,
+        memory,
+        api,
+        lease,
+        json!({ "finalizers": finalizers }),
+    )
+    .await
+    .map(drop)
 }
 
-async fn patch_finalizers(
+/// Merge-patches `metadata` (an object of metadata fields) into the lease, guarded by its
+/// resourceVersion.
+async fn patch_metadata(
     kube: &Kube,
     memory: &Memory,
     api: &Api<FencedLease>,
     lease: &FencedLease,
-    finalizers: Vec<String>,
+    mut metadata: serde_json::Value,
 ) -> Result<Option<FencedLease>> {
     let name = lease.metadata.name.clone().unwrap_or_default();
-    let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": lease.metadata.resource_version } });
+    metadata["resourceVersion"] = json!(lease.metadata.resource_version);
+    let patch = json!({ "metadata": metadata });
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let write = api.patch(&name, &params, &patch);
     let meta = &lease.metadata;
