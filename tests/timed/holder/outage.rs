@@ -222,7 +222,7 @@ async fn a_holder_whose_connection_goes_silent_moves_to_a_new_one_and_keeps_the_
 /// The figure for docs/holding.md: the longest outage survived at the worst moment, by trying
 /// outages around the computed bound. Prints; asserts only that the bound is about right.
 #[tokio::test]
-#[ignore = "measurement (about a minute): cargo test --test holder_outage -- --ignored --nocapture"]
+#[ignore = "measurement (about a minute): cargo test --test timed -- holder::outage:: --ignored --nocapture"]
 async fn measure_the_longest_outage_a_holder_survives_with_the_default_lease() {
     let ns = TestNamespace::new("outage-measure").await;
     let _operator = OperatorProcess::start(&ns.name, &[]);
