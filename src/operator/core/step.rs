@@ -64,7 +64,8 @@ pub enum Step {
     Expire,
     ReadFollowed,
     ReadRecord,
-    RecordAhead,
+    /// Record this token, the grant's, before it is issued.
+    RecordAhead(i64),
     Write,
     Done,
 }
@@ -96,7 +97,7 @@ pub fn next_step(known: &Known, round: &Round) -> Step {
         && grant.token > round.now_ms
         && known.recorded_ahead.is_none_or(|t| t < grant.token)
     {
-        return Step::RecordAhead;
+        return Step::RecordAhead(grant.token);
     }
     if round.unchanged {
         Step::Done
@@ -223,13 +224,12 @@ mod tests {
 
     #[test]
     fn a_token_above_the_clock_is_recorded_before_it_is_issued() {
-        let above = |token: i64| Plan {
-            grant: Some(Grant {
-                claim: "b".into(),
-                uid: "uid-b".into(),
-                token,
-            }),
-            ..Plan::default()
+        let above = |token: i64| {
+            let mut p = plan(None, true, &[]);
+            if let Some(grant) = p.grant.as_mut() {
+                grant.token = token;
+            }
+            p
         };
         let released = FencedLeaseStatus {
             fencing_token: NOW_MS + 5_000,
@@ -245,7 +245,7 @@ mod tests {
         let token = NOW_MS + 5_001;
         assert_eq!(
             step(&Known::default(), &released, newest, &above(token)),
-            Step::RecordAhead
+            Step::RecordAhead(token)
         );
         let recorded = Known {
             recorded_ahead: Some(token),
@@ -257,7 +257,7 @@ mod tests {
         );
         assert_eq!(
             step(&recorded, &released, newest, &above(token + 1)),
-            Step::RecordAhead
+            Step::RecordAhead(token + 1)
         );
         // A first grant reads the record before it records ahead (the token rests on it).
         let fresh = FencedLeaseStatus::default();
@@ -269,7 +269,10 @@ mod tests {
             record: Some(token - 1),
             ..Default::default()
         };
-        assert_eq!(step(&read, &fresh, 0, &above(token)), Step::RecordAhead);
+        assert_eq!(
+            step(&read, &fresh, 0, &above(token)),
+            Step::RecordAhead(token)
+        );
     }
 
     #[test]

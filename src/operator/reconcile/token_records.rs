@@ -117,6 +117,18 @@ pub fn raised(
 /// with every record of the namespace queued meanwhile; optimistic, retried on 409. A
 /// damaged record of this lease is an error: overwriting it could lower it.
 pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
+    record_with(ctx, ns, name, token, false).await
+}
+
+/// [`record`], and with `overwrite_damaged` a damaged record of `name` overwritten with `token`
+/// instead of an error (see [`record_ahead`]).
+async fn record_with(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    token: i64,
+    overwrite_damaged: bool,
+) -> Result<()> {
     let queue = ctx.records.queue(ns);
     raise(&mut locked(&queue.queued), name, token);
     let _turn = queue.turn.lock().await;
@@ -130,7 +142,8 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
     // Ours is in the batch even if a turn that took it was dropped before it wrote.
     let mut batch = std::mem::take(&mut *locked(&queue.queued));
     raise(&mut batch, name, token);
-    match write_records(ctx, ns, &batch).await {
+    let overwrite = overwrite_damaged.then_some(name);
+    match write_records(ctx, ns, &batch, overwrite).await {
         Ok(mut damaged) => {
             {
                 let mut written = locked(&queue.written);
@@ -162,55 +175,17 @@ pub async fn record(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<(
 /// started above what the key held when it was first read (its first grant rested on it), and
 /// `token` is above every token the lease issued since, so the key can only rise.
 pub async fn record_ahead(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
-    match record(ctx, ns, name, token).await {
-        Err(Error::TokenRecord { record, reason }) => {
-            tracing::warn!(lease = %name, namespace = %ns, %record, %reason, token,
-                "the lease's token record was damaged; overwriting it with the token about to be granted");
-            overwrite(ctx, ns, name, token).await
-        }
-        other => other,
-    }
-}
-
-/// Sets the record of `ns/name` to `token`, whatever it holds (see [`record_ahead`]).
-async fn overwrite(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), &ctx.state_namespace);
-    let cm_name = config_map_name(ns);
-    for _ in 0..10 {
-        let current = timed("read token record", ctx.kube.timeout, api.get_opt(&cm_name)).await?;
-        let Some(mut cm) = current else {
-            return record(ctx, ns, name, token).await;
-        };
-        if record_of(&cm, name).is_ok_and(|t| t >= token) {
-            return Ok(());
-        }
-        cm.data
-            .get_or_insert_default()
-            .insert(name.to_string(), token.to_string());
-        let replaced = timed(
-            "update token record",
-            ctx.kube.timeout,
-            api.replace(&cm_name, &PostParams::default(), &cm),
-        )
-        .await;
-        match replaced {
-            Ok(_) => return Ok(()),
-            Err(e) if e.is_conflict() => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(Error::Contended(format!(
-        "{}/{cm_name}",
-        ctx.state_namespace
-    )))
+    record_with(ctx, ns, name, token, true).await
 }
 
 /// Writes `batch` into the ConfigMap of namespace `ns` in one update; the leases whose
-/// record is damaged are left as they are and returned, each with its error.
+/// record is damaged are left as they are and returned, each with its error, except
+/// `overwrite`, whose damaged record is replaced by its token.
 async fn write_records(
     ctx: &Context,
     ns: &str,
     batch: &BTreeMap<String, i64>,
+    overwrite: Option<&str>,
 ) -> Result<BTreeMap<String, Error>> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), &ctx.state_namespace);
     let cm_name = config_map_name(ns);
@@ -249,8 +224,12 @@ async fn write_records(
                 let mut data = cm.data.clone().unwrap_or_default();
                 for (lease, token) in batch {
                     if let Err(e) = record_of(&cm, lease) {
-                        damaged.insert(lease.clone(), e);
-                        continue;
+                        if overwrite != Some(lease.as_str()) {
+                            damaged.insert(lease.clone(), e);
+                            continue;
+                        }
+                        tracing::warn!(%lease, namespace = %ns, error = %e, token,
+                            "the lease's token record was damaged; overwriting it with the token about to be granted");
                     }
                     if let Some(next) = raised(&data, lease, *token, now_ms) {
                         data = next;

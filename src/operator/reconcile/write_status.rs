@@ -99,8 +99,7 @@ pub async fn write_lease_status(
                 let record = token_records::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
             }
-            Step::RecordAhead => {
-                let token = d.plan.grant.as_ref().map_or(0, |g| g.token);
+            Step::RecordAhead(token) => {
                 token_records::record_ahead(ctx, &ns, &name, token).await?;
                 reads.known.recorded_ahead = Some(token);
             }
