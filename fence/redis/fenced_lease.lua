@@ -20,14 +20,21 @@
 -- keys' (`<key>:fence` for a key with a hash tag, `{<key>}:fence` for one without: one mark per
 -- key, the compatible form). Same hash tag, same cluster slot: a scope's keys live on one node.
 --
--- Refused: the error reply `FENCED <presented> <highest>`. Bad input, nothing written:
+-- Refused: the error reply `FENCED <presented> <highest>`, and the refusal is counted beside
+-- the mark, in the hash `<fence key>:refused` (same hash tag, same slot): `count`, and the last
+-- one's `token`, `highest` and `at` (Unix ms, the server's clock). Read it with
+--   FCALL_RO fenced_refusals 1 <fence key>
+-- which returns [count, last token, highest then, at ms] (count 0 and nothing else when none),
+-- or HGETALL <fence key>:refused. A refusal writes only this hash, and only where the caller's
+-- ACL allows HINCRBY, HSET and TIME (fence/README.md's does). Bad input, nothing written:
 -- `BADTOKEN` (not a decimal integer 0..2^63-1), `BADFENCEKEY` (not a fence key of the data
 -- keys' hash tag), `BADKEY` (braces but no hash tag), `BADCALL` (arguments malformed).
 -- Tokens are compared exactly as strings, not as Lua's doubles. A higher token is recorded
 -- once a command has run: a call whose command fails records nothing; a command that fails
 -- stops a batch, and the commands before it stay (as in MULTI/EXEC), with the token recorded.
 --
--- COST: one GET of the fence key, and a SET when the token is higher, per call.
+-- COST: one GET of the fence key, and a SET when the token is higher, per call; a refusal, one
+-- HINCRBY and one HSET more.
 --
 -- WHO CAN STILL BYPASS IT: any client that may write the keys directly (SET, DEL, ...) or the
 -- fence key (lowering the mark). Redis cannot keep a client to functions: since Redis 7 the
@@ -88,6 +95,14 @@ local function check(fence, token)
       return redis.error_reply('BADFENCEKEY ' .. fence .. ' holds ' .. highest .. ', not a token'), false
     end
     if lower(token, highest) then
+      -- Counted where the caller's ACL lets it write the hash (HINCRBY, HSET on the key);
+      -- where it does not, the refusal is still the reply, only not counted.
+      local refused = fence .. ':refused'
+      if type(redis.pcall('HINCRBY', refused, 'count', 1)) == 'number' then
+        local now = redis.pcall('TIME')
+        local at = now.err and '' or string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000))
+        redis.pcall('HSET', refused, 'token', token, 'highest', highest, 'at', at)
+      end
       return redis.error_reply('FENCED ' .. token .. ' ' .. highest), false
     end
     return nil, highest ~= token
@@ -173,3 +188,19 @@ redis.register_function('fenced_batch', function(keys, args)
   end
   return replies
 end)
+
+-- KEYS: a fence key. Its refusals: {count, last token, highest then, at (Unix ms)}, or {0}.
+redis.register_function{
+  function_name = 'fenced_refusals',
+  callback = function(keys)
+    if #keys ~= 1 or keys[1]:sub(-6) ~= ':fence' then
+      return redis.error_reply('BADCALL fenced_refusals takes 1 key, a fence key (ending in :fence)')
+    end
+    local r = redis.call('HMGET', keys[1] .. ':refused', 'count', 'token', 'highest', 'at')
+    if not r[1] then
+      return { 0 }
+    end
+    return { tonumber(r[1]), r[2], r[3], r[4] }
+  end,
+  flags = { 'no-writes' },
+}

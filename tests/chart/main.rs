@@ -3,13 +3,14 @@
 //! with the chart's ServiceAccount and needs every permission the chart grants and no other;
 //! the holder ClusterRole is all `kubectl fence` needs; it serves listed namespaces through
 //! RoleBindings; its alerts, ServiceMonitor and dashboard install under prometheus-operator's
-//! CRDs; upgrade and uninstall keep the CRDs and the leases; a wrong value fails the install
+//! CRDs, and its critical alert fires in a real Prometheus when the fence refuses a write; upgrade and uninstall keep the CRDs and the leases; a wrong value fails the install
 //! naming it; the pod meets the restricted Pod Security profile; the packaged chart installs,
 //! and the command of its `helm test` holds a lease with the test's own rights.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod alerts;
 mod audit;
 mod helm;
 mod monitoring;

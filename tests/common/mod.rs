@@ -11,6 +11,7 @@ pub mod cli;
 pub mod fence;
 pub mod operator;
 pub mod pods;
+pub mod prometheus;
 pub mod proxy;
 
 use std::path::{Path, PathBuf};

@@ -1217,3 +1217,31 @@ fn a_step_down_long_after_the_fault_is_the_test_beds() {
         .collect();
     assert_eq!(causes, [Some(FaultKind::RestartApiserver), None]);
 }
+
+/// Issue 55, item 4: the report gives each control-plane restart its window, the longest
+/// time after its end that a fenced write was refused with `failed to configure policy`.
+#[test]
+fn each_restart_gets_its_window() {
+    let mut h = clean();
+    let failed = |id: &str| Event::WriteFailed {
+        id: id.into(),
+        error: UNCONFIGURED.into(),
+    };
+    h.fault(100, 200, FaultKind::RestartApiserver)
+        .unfenced(3_200, "w#0", failed("w#0"))
+        .unfenced(12_200, "w#1", failed("w#1"))
+        .fault(40_000, 41_000, FaultKind::RestartEtcd)
+        .fault(60_000, 61_000, FaultKind::RestartApiserver)
+        .unfenced(61_495, "w#2", failed("w#2"));
+    let report = h.check();
+    assert_eq!(
+        report.restart_windows,
+        vec![12_005 * MS, 0, 500 * MS],
+        "{report}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("3 restarts, median 0.5 s, worst 12.0 s, 3 within 30 s"),
+        "{text}"
+    );
+}

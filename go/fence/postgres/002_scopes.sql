@@ -44,6 +44,17 @@
 -- ENABLE TRIGGER there (origin only) or do not bind the copy. Any client may present a high
 -- token and so raise a mark (a scope spoiled, fail closed: reset it, fenced_lease.reset).
 --
+-- REFUSALS, RECORDED. The transaction of a refused write is rolled back, and with it anything it
+-- wrote, so the fence records each FL001 refusal in sequences, whose nextval and setval are
+-- never rolled back: the count of refusals and the last one's scope, tokens and time. Read them
+-- (any role) with
+--   SELECT * FROM fenced_lease.refusals;
+--   -- refused | last_at | last_scope | last_token | last_highest
+-- Concurrent refusals may mix the last one's fields; the server log has every refusal whole
+-- (the ERROR and its DETAIL, with log_min_error_statement's statement). Cost: nothing on the
+-- writes that pass; a refusal, one nextval and four setval (each setval writes WAL: a stale
+-- holder refused in a loop writes about 400 bytes of WAL per refusal).
+--
 -- Errors: FL001 fenced out, FL002 invalid token, FL003 no token presented, FL004 unknown
 -- scope, FL005 invalid scope, FL006 exemption or reset refused, FL007 bad binding.
 
@@ -98,6 +109,17 @@ COMMENT ON TABLE fenced_lease.resets IS 'fenced-lease: every deliberate change o
 REVOKE ALL ON fenced_lease.resets FROM PUBLIC;
 GRANT SELECT ON fenced_lease.resets TO PUBLIC;
 
+-- The refusals (REFUSALS, above): written only by fenced_out, read through fenced_lease.refusals.
+CREATE SEQUENCE IF NOT EXISTS fenced_lease.refused;
+CREATE SEQUENCE IF NOT EXISTS fenced_lease.refused_scope MINVALUE -2147483648; -- hashtext(scope)
+CREATE SEQUENCE IF NOT EXISTS fenced_lease.refused_token MINVALUE 0;
+CREATE SEQUENCE IF NOT EXISTS fenced_lease.refused_highest MINVALUE 0;
+CREATE SEQUENCE IF NOT EXISTS fenced_lease.refused_at MINVALUE 0; -- Unix ms
+REVOKE ALL ON SEQUENCE fenced_lease.refused, fenced_lease.refused_scope, fenced_lease.refused_token,
+  fenced_lease.refused_highest, fenced_lease.refused_at FROM PUBLIC;
+GRANT SELECT ON SEQUENCE fenced_lease.refused, fenced_lease.refused_scope, fenced_lease.refused_token,
+  fenced_lease.refused_highest, fenced_lease.refused_at TO PUBLIC;
+
 -- `scope` if it is a scope name (1 to 512 characters), else FL005.
 CREATE OR REPLACE FUNCTION fenced_lease.valid_scope(scope text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
@@ -111,10 +133,13 @@ BEGIN
 END
 $$;
 
--- The refusal of a token lower than a scope's mark.
+-- The refusal of a token lower than a scope's mark, recorded first (REFUSALS, above).
 CREATE OR REPLACE FUNCTION fenced_lease.fenced_out(scope text, token bigint, highest bigint)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+  PERFORM nextval('fenced_lease.refused'), setval('fenced_lease.refused_scope', hashtext(scope)),
+    setval('fenced_lease.refused_token', token), setval('fenced_lease.refused_highest', highest),
+    setval('fenced_lease.refused_at', (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
   RAISE EXCEPTION 'fenced out: token % is lower than %, the highest token scope % has accepted',
     token, highest, quote_ident(scope)
     USING ERRCODE = 'FL001',
@@ -122,6 +147,8 @@ BEGIN
       HINT = 'a newer holder of the lease wrote this scope: stop, do not retry; if no holder has such a token (a database restored, a lease re-created with its records lost), see fenced_lease.reset';
 END
 $$;
+-- Only check (the fence's owner) records a refusal.
+REVOKE ALL ON FUNCTION fenced_lease.fenced_out(text, bigint, bigint) FROM PUBLIC;
 
 -- Checks `token` against `scope`'s mark (creating it at 0) and holds the mark until the
 -- transaction ends: shared when the token equals the mark, raising it alone when it is
@@ -332,6 +359,18 @@ CREATE OR REPLACE VIEW fenced_lease.bindings AS
     FROM pg_trigger t WHERE t.tgname = 'fenced_lease_1_statement';
 COMMENT ON VIEW fenced_lease.bindings IS 'fenced-lease: the tables bound to a scope (scope) or to the scope of each row (scope_column)';
 GRANT SELECT ON fenced_lease.bindings TO PUBLIC;
+
+-- How many writes the fence refused (FL001), and the last one (REFUSALS, above). last_scope is
+-- found among the marks by its hash (a scan of fenced_lease.scopes).
+CREATE OR REPLACE VIEW fenced_lease.refusals AS
+  SELECT coalesce(pg_sequence_last_value('fenced_lease.refused'), 0) AS refused,
+         to_timestamp(pg_sequence_last_value('fenced_lease.refused_at') / 1000.0) AS last_at,
+         (SELECT min(s.scope) FROM fenced_lease.scopes s
+           WHERE hashtext(s.scope) = pg_sequence_last_value('fenced_lease.refused_scope')) AS last_scope,
+         pg_sequence_last_value('fenced_lease.refused_token') AS last_token,
+         pg_sequence_last_value('fenced_lease.refused_highest') AS last_highest;
+COMMENT ON VIEW fenced_lease.refusals IS 'fenced-lease: the writes the fence refused (FL001), counted where a rollback cannot erase them, and the last one';
+GRANT SELECT ON fenced_lease.refusals TO PUBLIC;
 
 -- Drops the triggers a binding put on `tbl` (bind before it binds anew, and disable).
 CREATE OR REPLACE FUNCTION fenced_lease.drop_triggers(tbl regclass)

@@ -66,7 +66,7 @@ pub async fn install(client: &impl GenericClient) -> Result<(), Error> {
 pub(crate) async fn install_if_missing(client: &impl GenericClient) -> Result<(), Error> {
     let installed: bool = client
         .query_one(
-            "SELECT to_regprocedure('fenced_lease.enable_by_column(regclass,name)') IS NOT NULL",
+            "SELECT to_regclass('fenced_lease.refusals') IS NOT NULL",
             &[],
         )
         .await?

@@ -124,7 +124,7 @@ pub fn slot_binding(i: usize) -> ValidatingAdmissionPolicyBinding {
         metadata: metadata(slot_name(i)),
         spec: ValidatingAdmissionPolicyBindingSpec {
             policy_name: slot_name(i),
-            validation_actions: vec!["Deny".into()],
+            validation_actions: vec!["Deny".into(), "Audit".into()],
             param_ref: Some(every_lease()),
             match_resources: None,
         },

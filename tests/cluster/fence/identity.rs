@@ -188,7 +188,7 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         );
         // A write with a lower token than the object's may meet the per-object rule first.
         let identity = format!(
-            "pod pa does not hold FencedLease {}/books (pod pb holds it); only the holder's pod may write what the lease fences",
+            "pod pa does not hold FencedLease {}/books (pod pb holds it, token {tb}; this write carries ",
             ns.name
         );
         let stored = format!("fencing.dev/token {ta} is lower than {tb}");
@@ -263,7 +263,7 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         (!out.status.success()).then(|| both(&out))
     })
     .await;
-    assert!(text.contains("(nobody holds it)"), "{text}");
+    assert!(text.contains("(nobody holds it, token "), "{text}");
 }
 
 #[tokio::test]

@@ -3,6 +3,8 @@
 //! client of any language, running the SQL of fence/postgres/.
 
 use crate::common;
+#[path = "postgres_refusals.rs"]
+mod refusals;
 #[path = "postgres_scopes.rs"]
 mod scopes;
 

@@ -4,6 +4,7 @@
 use fenced_lease::fence::Error;
 use fenced_lease::fence::redis::Scope;
 use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
 
 use super::{connect, connect_to, datastores, redis_cli};
 
@@ -72,6 +73,59 @@ async fn a_stale_write_to_another_key_of_the_scope_is_refused() {
         .set(&mut conn, &receipt, "paid by B", 8)
         .await
         .expect("the current holder writes another key of the scope");
+}
+
+/// `FCALL_RO fenced_refusals 1 <fence key>`: the scope's count of refusals and the last one's
+/// (token, highest, at ms).
+async fn refusals(conn: &mut MultiplexedConnection, scope: &Scope) -> (i64, Vec<String>) {
+    let reply: Vec<redis::Value> = redis::cmd("FCALL_RO")
+        .arg("fenced_refusals")
+        .arg(1)
+        .arg(scope.fence_key())
+        .query_async(conn)
+        .await
+        .expect("fenced_refusals");
+    let count = redis::from_redis_value_ref(&reply[0]).expect("count");
+    let last = reply[1..]
+        .iter()
+        .map(|v| redis::from_redis_value_ref(v).expect("a string"))
+        .collect();
+    (count, last)
+}
+
+#[tokio::test]
+async fn refused_calls_are_counted_per_scope_in_the_server() {
+    let mut conn = connect().await;
+    let (account, other) = (scope(), scope());
+    assert_eq!(refusals(&mut conn, &account).await, (0, vec![]));
+    let receipt = account.key("receipt");
+    account.set(&mut conn, &receipt, "B", 8).await.unwrap();
+    let before_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    for stale in [7, 5] {
+        refused(
+            account.set(&mut conn, &receipt, "A", stale).await,
+            &account,
+            stale,
+            8,
+        );
+    }
+    let (count, last) = refusals(&mut conn, &account).await;
+    assert_eq!((count, &last[..2]), (2, &["5".to_string(), "8".into()][..]));
+    let at: u128 = last[2].parse().expect("at: Unix ms");
+    assert!(
+        at + 1_000 >= before_ms,
+        "at {at} is before the refusals ({before_ms})"
+    );
+    assert_eq!(
+        refusals(&mut conn, &other).await.0,
+        0,
+        "another scope's count"
+    );
+    let stored: Option<String> = conn.get(&receipt).await.unwrap();
+    assert_eq!(stored.as_deref(), Some("B"));
 }
 
 #[tokio::test]
@@ -233,12 +287,32 @@ async fn an_acl_cannot_keep_a_holder_to_fcall_but_keeps_it_from_erasing_marks() 
         "+exists",
         "+rpush",
         "+set",
+        "+hincrby",
+        "+hset",
+        "+time",
     ];
     let mut holder = as_user(acl).await;
     account
         .call(&mut holder, &payouts, 8, &["RPUSH", "by B"])
         .await
         .expect("the holder writes through the function");
+    // Its refusal is counted; without the commands that count it, it is still the refusal.
+    let stale = account
+        .call(&mut holder, &payouts, 7, &["RPUSH", "by A"])
+        .await;
+    refused(stale, &account, 7, 8);
+    assert_eq!(
+        refusals(&mut admin, &account).await.0,
+        1,
+        "counted under the ACL"
+    );
+    let mut uncounting = as_user(&acl[..9]).await;
+    let stale = account
+        .call(&mut uncounting, &payouts, 6, &["RPUSH", "by A"])
+        .await;
+    refused(stale, &account, 6, 8);
+    assert_eq!(refusals(&mut admin, &account).await.0, 1);
+    let mut holder = as_user(acl).await;
     for command in [
         vec!["DEL", account.fence_key()],
         vec!["EXPIRE", account.fence_key(), "1"],

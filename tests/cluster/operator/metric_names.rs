@@ -1,5 +1,6 @@
 //! Every metric and label name that the alerts (`deploy/monitoring/alerts.yaml`) and the Grafana
-//! dashboard (`deploy/monitoring/dashboard.json`) use is one a live operator exports: the names
+//! dashboard (`deploy/monitoring/dashboard.json`) use of the operator's metrics is one a live
+//! operator exports (an alert on the apiserver's metrics is tests/chart/alerts.rs's): the names
 //! are read from those two files, and checked against the `/metrics` of an operator that serves
 //! a granted lease, a waiting claim and a Degraded lease.
 
@@ -253,10 +254,13 @@ fn promql_is_read_for_metric_and_label_names() {
 
 #[tokio::test]
 async fn the_alerts_and_the_dashboard_use_only_names_the_operator_exports() {
+    // An expression of none of the operator's metrics reads another exporter's (the
+    // apiserver's refusal counter: tests/chart/alerts.rs runs that one against the real one).
     let used: Vec<(String, Uses)> = rule_exprs()
         .into_iter()
         .chain(dashboard_exprs())
         .map(|(source, expr)| (source, promql_uses(&expr)))
+        .filter(|(_, uses)| !uses.metrics.is_empty())
         .collect();
     let metrics: BTreeSet<&String> = used.iter().flat_map(|(_, u)| u.metrics.keys()).collect();
     assert!(

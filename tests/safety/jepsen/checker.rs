@@ -220,6 +220,10 @@ pub struct Report {
     /// how many, and the longest time after the end of a control-plane restart one came (ns).
     pub policy_unconfigured: usize,
     pub policy_unconfigured_after_restart: Option<u64>,
+    /// The restart window of each control-plane restart, in order: the longest time after its
+    /// end (the apiserver ready again) that such a refusal came, before the next restart; 0
+    /// when none came (ns).
+    pub restart_windows: Vec<u64>,
     /// What the identity rule did with the writes of pods (I11), and its allowance (ns).
     pub identity: Identity,
     pub identity_allowance: u64,
@@ -358,6 +362,24 @@ impl fmt::Display for Report {
                     .map_or("-".into(), |ns| format!("{:.1} s", ns as f64 / 1e9)),
             )?;
         }
+        if !self.restart_windows.is_empty() {
+            let mut sorted = self.restart_windows.clone();
+            sorted.sort_unstable();
+            let secs = |ns: u64| format!("{:.1} s", ns as f64 / 1e9);
+            writeln!(
+                f,
+                "restart windows (fenced writes refused with `failed to configure policy` after a control-plane restart ended): {} restarts, median {}, worst {}, {} within 30 s; in order: [{}]",
+                sorted.len(),
+                secs(sorted[sorted.len() / 2]),
+                secs(sorted[sorted.len() - 1]),
+                sorted.iter().filter(|&&w| w <= 30_000_000_000).count(),
+                self.restart_windows
+                    .iter()
+                    .map(|&w| secs(w))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )?;
+        }
         let id = &self.identity;
         writeln!(
             f,
@@ -466,11 +488,15 @@ fn count(entries: &[&Entry], r: &mut Report) {
             Event::FaultEnd {
                 kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
                 ..
-            } => restarted = Some(e.t),
+            } => {
+                restarted = Some(e.t);
+                r.restart_windows.push(0);
+            }
             Event::WriteFailed { error, .. } if unconfigured(error) => {
                 r.policy_unconfigured += 1;
-                if let Some(at) = restarted {
+                if let (Some(at), Some(window)) = (restarted, r.restart_windows.last_mut()) {
                     let after = e.t.saturating_sub(at);
+                    *window = (*window).max(after);
                     r.policy_unconfigured_after_restart = Some(
                         r.policy_unconfigured_after_restart
                             .map_or(after, |a| a.max(after)),
