@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo demo-follow test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-fence bench-follow bench-guards
+.PHONY: help demo demo-follow test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-fence bench-follow bench-guards bench-restart
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -102,6 +102,9 @@ bench-guards: ## only what a guard that fences a scope costs, beside the same wr
 
 bench-follow: deps ## only the window of a lease that follows a coordination Lease, beside the operator-free window (examples/bench_follow.rs; BENCH_FOLLOW_CHANGES)
 	@BENCH_ONLY=follow hack/bench
+
+bench-restart: deps ## only the restart window: fenced writes admitted again after 20 apiserver and 10 etcd restarts, beside writes no fence matches (bench/restart_window.sh; a control plane of its own)
+	@bench/restart_window.sh apiserver 20 && bench/restart_window.sh etcd 10
 
 go-test: deps ## the Go module (go/): hack/go-lint, then its tests against the control plane, PostgreSQL, Redis and the operator
 	@hack/go-lint

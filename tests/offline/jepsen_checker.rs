@@ -1219,7 +1219,9 @@ fn a_step_down_long_after_the_fault_is_the_test_beds() {
 }
 
 /// Issue 55, item 4: the report gives each control-plane restart its window, the longest
-/// time after its end that a fenced write was refused with `failed to configure policy`.
+/// time after its end that a fenced write was refused with `failed to configure policy`; a
+/// refusal while the next restart is under way belongs to that restart, not to the window of
+/// the one before (which the report used to measure it from: 45-150 s "after a restart").
 #[test]
 fn each_restart_gets_its_window() {
     let mut h = clean();
@@ -1232,6 +1234,9 @@ fn each_restart_gets_its_window() {
         .unfenced(12_200, "w#1", failed("w#1"))
         .fault(40_000, 41_000, FaultKind::RestartEtcd)
         .fault(60_000, 61_000, FaultKind::RestartApiserver)
+        // Answered while the third restart is under way (the apiserver serves before it is
+        // ready): the restart's own, not 60 s of the second's window.
+        .unfenced(60_500, "w#3", failed("w#3"))
         .unfenced(61_495, "w#2", failed("w#2"));
     let report = h.check();
     assert_eq!(
@@ -1239,6 +1244,7 @@ fn each_restart_gets_its_window() {
         vec![12_005 * MS, 0, 500 * MS],
         "{report}"
     );
+    assert_eq!(report.policy_unconfigured_during_restart, 1);
     let text = report.to_string();
     assert!(
         text.contains("3 restarts, median 0.5 s, worst 12.0 s, 3 within 30 s"),

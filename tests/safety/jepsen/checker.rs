@@ -221,9 +221,12 @@ pub struct Report {
     pub policy_unconfigured: usize,
     pub policy_unconfigured_after_restart: Option<u64>,
     /// The restart window of each control-plane restart, in order: the longest time after its
-    /// end (the apiserver ready again) that such a refusal came, before the next restart; 0
-    /// when none came (ns).
+    /// end (the apiserver ready again) that such a refusal came, before the next restart
+    /// began; 0 when none came (ns).
     pub restart_windows: Vec<u64>,
+    /// Such refusals while a restart was under way (the apiserver answering before it was
+    /// ready): the restart's, not a window after it.
+    pub policy_unconfigured_during_restart: usize,
     /// What the identity rule did with the writes of pods (I11), and its allowance (ns).
     pub identity: Identity,
     pub identity_allowance: u64,
@@ -356,8 +359,9 @@ impl fmt::Display for Report {
         if self.policy_unconfigured > 0 {
             writeln!(
                 f,
-                "object writes refused while the apiserver could not configure the lease policy (kubernetes#124237): {}, the last {} after a control-plane restart",
+                "object writes refused while the apiserver could not configure the lease policy (kubernetes#124237): {} ({} while a restart was under way), the last {} after a control-plane restart ended",
                 self.policy_unconfigured,
+                self.policy_unconfigured_during_restart,
                 self.policy_unconfigured_after_restart
                     .map_or("-".into(), |ns| format!("{:.1} s", ns as f64 / 1e9)),
             )?;
@@ -482,19 +486,28 @@ pub fn check(entries: &[Entry], config: &Config) -> Report {
 
 fn count(entries: &[&Entry], r: &mut Report) {
     let mut resource_of: HashMap<&str, Resource> = HashMap::new();
+    // The end of the last control-plane restart, or None while one is under way.
     let mut restarted: Option<u64> = None;
+    let mut restarting = false;
     for e in entries {
         match &e.ev {
+            Event::FaultStart {
+                kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
+                ..
+            } => restarting = true,
             Event::FaultEnd {
                 kind: FaultKind::RestartApiserver | FaultKind::RestartEtcd,
                 ..
             } => {
+                restarting = false;
                 restarted = Some(e.t);
                 r.restart_windows.push(0);
             }
             Event::WriteFailed { error, .. } if unconfigured(error) => {
                 r.policy_unconfigured += 1;
-                if let (Some(at), Some(window)) = (restarted, r.restart_windows.last_mut()) {
+                if restarting {
+                    r.policy_unconfigured_during_restart += 1;
+                } else if let (Some(at), Some(window)) = (restarted, r.restart_windows.last_mut()) {
                     let after = e.t.saturating_sub(at);
                     *window = (*window).max(after);
                     r.policy_unconfigured_after_restart = Some(
