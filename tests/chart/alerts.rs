@@ -7,7 +7,7 @@
 //! [`BOUND`], naming the policy, and the audit log's event of the write must name the pod, and
 //! its validation failure the lease and both tokens. Before that, with the holder writing and Prometheus evaluating, it
 //! must not fire (the apiserver already carries the refusals of the tests run before: a new
-//! Prometheus must not take them for new ones).
+//! Prometheus must not take them for new ones). The dashboard's panel of refusals shows it too.
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,23 @@ fn chart_rule_groups(namespace: &str) -> Value {
         .find(|o| o["kind"] == "PrometheusRule")
         .expect("the chart renders a PrometheusRule");
     rule["spec"]["groups"].clone()
+}
+
+/// The query of the dashboard's panel of the writes the fence refused.
+fn dashboard_refusals_query() -> String {
+    let path = crate::common::repo_root().join("deploy/monitoring/dashboard.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let panel = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["title"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Writes the fence refused"))
+        })
+        .expect("the dashboard's panel of refusals");
+    panel["targets"][0]["expr"].as_str().unwrap().to_string()
 }
 
 /// The alert `ALERT` for `policy`, if Prometheus has it firing now.
@@ -180,6 +197,18 @@ async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prome
     eprintln!(
         "audit log: pod {}, validation failure {}",
         recorded.0, recorded.1
+    );
+    let panel = prometheus
+        .query(&dashboard_refusals_query())
+        .await
+        .expect("the panel's query");
+    assert!(
+        panel
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["metric"]["policy"] == policy && s["value"][1] != "0"),
+        "the dashboard's panel does not show the refusal: {panel}"
     );
     drop(prometheus);
 }
