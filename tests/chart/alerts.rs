@@ -95,9 +95,8 @@ async fn write_as(api: &Api<ConfigMap>, token: i64, data: &str) -> Result<(), (u
 /// `validation.policy.admission.k8s.io/validation_failure` (the bindings' `Audit` action).
 fn refusals_in_audit_log(namespace: &str) -> Vec<(String, String)> {
     let key = "validation.policy.admission.k8s.io/validation_failure";
-    let text = std::fs::read_to_string(audit::log_path()).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+    audit::events()
+        .into_iter()
         .filter(|e| e["objectRef"]["namespace"] == namespace)
         .filter_map(|e| {
             let pod = e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0].as_str();

@@ -93,11 +93,18 @@ pub fn log_path() -> &'static PathBuf {
     })
 }
 
-/// Every request `username` made, as the audit log has it now.
-pub fn requests_by(username: &str) -> Vec<Request> {
+/// Every event of the audit log, as it has them now.
+pub fn events() -> Vec<Value> {
     let text = std::fs::read_to_string(log_path()).unwrap_or_default();
     text.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .collect()
+}
+
+/// Every request `username` made, as the audit log has it now.
+pub fn requests_by(username: &str) -> Vec<Request> {
+    events()
+        .into_iter()
         .filter(|e| e["user"]["username"] == username)
         .filter_map(|e| {
             let o = e.get("objectRef")?;
