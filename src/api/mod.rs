@@ -34,6 +34,14 @@ pub const LEASE_LABEL: &str = "fencing.dev/lease";
 /// lower than the lease's current token.
 pub const TOKEN_ANNOTATION: &str = "fencing.dev/token";
 
+/// Reason of the Warning Event a holder sends on a FencedLease when a fence or guard refused
+/// its write for a stale token (`holder::refusals`); the operator counts these Events per
+/// lease in `fenced_lease_write_refusals_reported_total`.
+pub const WRITE_REFUSED_REASON: &str = "WriteRefused";
+
+/// `reportingController` of those Events, from whichever library or program sends them.
+pub const HOLDER_REPORTING_CONTROLLER: &str = "fencing.dev/holder";
+
 /// The largest fencing token: 2^53 - 1. Every shipped fence compares tokens up to it exactly
 /// (the admission policies as CEL integers, PostgreSQL as `bigint`, Redis as doubles, which
 /// are exact only below 2^53), so the operator issues none above it and the fences refuse

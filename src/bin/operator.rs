@@ -277,6 +277,10 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         .await
         .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
 
+    // Every replica counts the refusals holders report, standbys too: a hand-over does not
+    // lose the ones reported meanwhile (the alert takes the highest count of any replica).
+    fenced_lease::operator::refusals::start(&client, &args.namespaces, metrics.clone(), &stop);
+
     let identity = identity(&args);
     let settings = Settings {
         namespaces: args.namespaces.clone(),

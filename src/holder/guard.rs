@@ -66,14 +66,49 @@ impl LeaseHandle {
     /// What a guard's refusal of this holder's write means, or `None` for an error that is no
     /// refusal. While the lease is held nobody has a higher token, so a mark above this
     /// holder's token is a lost one's ([`Refusal::MarkAhead`]); otherwise a newer holder wrote.
+    ///
+    /// A refusal is also reported: an error log line with the lease and both tokens, a count
+    /// in [`register_metrics`](super::register_metrics)'s counter, and a Warning Event
+    /// `WriteRefused` on the FencedLease (the first at once, then at most one call per lease
+    /// per 10 s), which the operator counts for its critical alert. Call it on every error of
+    /// a guarded write; [`reported`](Self::reported) waits until the Event is sent.
     pub fn refusal(&self, error: &crate::fence::Error) -> Option<Refusal> {
         if !error.is_fenced() {
             return None;
         }
-        Some(match self.token() {
+        let granted = self.granted_token();
+        let refusal = match self.token() {
             Ok(token) if error.mark_ahead_of(token) => Refusal::MarkAhead,
             _ => Refusal::NewerHolder,
-        })
+        };
+        let (scope, presented, highest) = match error {
+            crate::fence::Error::Fenced {
+                scope,
+                presented,
+                highest,
+            } => (scope.as_deref(), Some(*presented), Some(*highest)),
+            _ => (None, granted, None),
+        };
+        let shared = &self.shared;
+        tracing::error!(
+            namespace = %shared.namespace, lease = %shared.lease, claim = %shared.claim,
+            scope, presented, highest, ?refusal, %error,
+            "write refused: a stale token (a newer holder wrote, or the resource's mark is ahead)"
+        );
+        super::refusals::count(&shared.namespace, &shared.lease);
+        let who = match granted {
+            Some(token) => format!("claim {} (token {token})", shared.claim),
+            None => format!("claim {}", shared.claim),
+        };
+        shared.reports.record(format!("{who}: {error}"));
+        Some(refusal)
+    }
+
+    /// Waits until the refusals reported so far ([`refusal`](Self::refusal)) are sent to the
+    /// apiserver as an Event (at most two request timeouts): call it before the process exits.
+    /// [`LeaseGuard::release`] does.
+    pub async fn reported(&self) {
+        self.shared.reports.flush().await;
     }
 
     /// The token this claim was granted, held or not (for logs; use [`token`](Self::token)
@@ -216,10 +251,15 @@ impl LeaseGuard {
     }
 
     /// Stops acting as holder at once, then deletes the claim so that the next waiter is
-    /// granted without waiting for expiry. Cancel-safe: dropping this future (a `select!`, a
+    /// granted without waiting for expiry; meanwhile sends the refusals not yet reported
+    /// ([`LeaseHandle::reported`]). Cancel-safe: dropping this future (a `select!`, a
     /// timeout) does not stop the deletion.
     pub async fn release(self) -> Result<(), Error> {
-        self.keeper.discard(LostReason::Released).await
+        let (discarded, ()) = tokio::join!(
+            self.keeper.discard(LostReason::Released),
+            self.handle.reported()
+        );
+        discarded
     }
 
     /// Stops renewing and leaves the claim in place, for a caller that takes over the

@@ -44,6 +44,7 @@ mod error;
 mod guard;
 mod keeper;
 mod options;
+pub mod refusals;
 mod state;
 
 pub use acquire::acquire;
@@ -53,4 +54,5 @@ pub use guard::{DetachedClaim, LeaseGuard, LeaseHandle, Refusal};
 pub use options::{
     AcquireOptions, PodRef, SERVICE_ACCOUNT_NAMESPACE_FILE, Timing, default_identity,
 };
+pub use refusals::register_metrics;
 pub use state::HoldState;

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub events_failed: Counter,
     /// Normal Events not published: more were due than the budget lets through.
     pub events_skipped: Counter,
+    /// Refused writes the holders reported (their `WriteRefused` Events), by lease.
+    pub write_refusals_reported: Family<LeaseLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -124,8 +126,15 @@ impl Default for Metrics {
             "Normal Kubernetes Events (grants, releases) not published because more were due than --events-per-second lets through; fenced_lease_transitions_total counts them all",
             events_skipped.clone(),
         );
+        let write_refusals_reported = Family::<LeaseLabels, Counter>::default();
+        registry.register(
+            "write_refusals_reported",
+            "Writes refused by a fence or guard for a stale token, as the refused holders reported them (WriteRefused Events on the FencedLease), by lease",
+            write_refusals_reported.clone(),
+        );
         Self {
             registry,
+            write_refusals_reported,
             events_skipped,
             events_queued,
             events_dropped,
@@ -148,6 +157,17 @@ impl Metrics {
                 error: label.into(),
             })
             .inc();
+    }
+
+    /// Counts `new` refusals reported of lease `namespace/lease`.
+    pub fn refusals_reported(&self, namespace: &str, lease: &str, new: u64) {
+        let labels = LeaseLabels {
+            namespace: namespace.into(),
+            lease: lease.into(),
+        };
+        self.write_refusals_reported
+            .get_or_create(&labels)
+            .inc_by(new);
     }
 
     /// The text exposition format.

@@ -8,7 +8,7 @@
 //! - [`admission`]: the fence's admission objects, whether a lease's fence is in force, and the
 //!   keeper of the kinds slots;
 //! - [`state`]: what the operator keeps in memory (caches, indexes, clocks);
-//! - [`metrics`], [`events`]: what it reports; [`context`]: the handles reconcilers share;
+//! - [`metrics`], [`events`]: what it reports; [`refusals`]: the refusals holders report; [`context`]: the handles reconcilers share;
 //! - [`reconcile`]: making the cluster match the decisions;
 //! - [`runtime`]: watches, controllers, leader election, the HTTP endpoints.
 
@@ -20,6 +20,7 @@ pub mod events;
 pub mod metrics;
 pub mod names;
 pub mod reconcile;
+pub mod refusals;
 pub mod runtime;
 pub mod scheduler;
 pub mod state;

@@ -31,7 +31,7 @@ const BOUND: Duration = Duration::from_secs(20);
 const ALERT: &str = "FencedLeaseWriteRefused";
 
 /// The rule groups of the chart's PrometheusRule, as `helm template` renders it.
-fn chart_rule_groups(namespace: &str) -> Value {
+pub(crate) fn chart_rule_groups(namespace: &str) -> Value {
     let objects = render_with(
         namespace,
         &[

@@ -15,6 +15,7 @@ mod audit;
 mod helm;
 mod monitoring;
 mod operator;
+mod reported;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -811,7 +812,7 @@ async fn grant_and_release(work: &TestNamespace) {
 }
 
 #[tokio::test]
-async fn the_holder_cluster_role_is_all_kubectl_fence_needs() {
+async fn the_holder_cluster_role_is_all_kubectl_fence_and_the_library_need() {
     let _serial = OPERATORS.lock().await;
     audit::log_path();
     let home = TestNamespace::new("chart-holder").await;
@@ -874,9 +875,34 @@ async fn the_holder_cluster_role_is_all_kubectl_fence_needs() {
     fence(&["status", "db"]);
     fence(&["list"]);
     fence(&["release", "db", "--all"]);
+    report_two_refusals(&kubeconfig, &work.name).await;
 
     let granted = audit::granted_to(&work.name, "worker");
     assert_uses_exactly(&user, &granted).await;
+}
+
+/// What the Rust library does with a guard's refusals under the holder role: acquires `db`,
+/// and reports two refusals of its writes (a guard's errors as the PostgreSQL and Redis fences
+/// return them; tests/chart/reported.rs has real ones): an Event created, then its series
+/// updated.
+async fn report_two_refusals(kubeconfig: &std::path::Path, namespace: &str) {
+    use fenced_lease::holder::{AcquireOptions, acquire};
+    let client = common::client_from_kubeconfig(kubeconfig).await;
+    let options = AcquireOptions::default().wait(WAIT);
+    let guard = acquire(client, namespace, "db", options)
+        .await
+        .expect("acquire db");
+    let token = guard.token().expect("held");
+    for highest in [token + 1, token + 2] {
+        let refused = fenced_lease::fence::Error::Fenced {
+            scope: Some("db".into()),
+            presented: token,
+            highest,
+        };
+        assert!(guard.refusal(&refused).is_some());
+        guard.reported().await;
+    }
+    guard.release().await.expect("release db");
 }
 
 #[tokio::test]

@@ -13,10 +13,11 @@ use tokio::sync::watch;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use super::claim::ClaimView;
+use super::claim::{CREATED_BY, CREATED_BY_POD, ClaimView};
 use super::clock::{self, BootInstant};
 use super::error::{Error, LostReason, report};
 use super::options::Timing;
+use super::refusals::Reporter;
 use super::state::Tracker;
 use crate::api::{FencedLease, FencedLeaseClaim};
 
@@ -32,6 +33,8 @@ pub(crate) struct Shared {
     pub lease: String,
     pub claim: String,
     pub identity: String,
+    /// Reports the refusals of this holder's writes ([`super::refusals`]).
+    pub reports: Arc<Reporter>,
     tracker: watch::Sender<Tracker>,
     /// Cancelled when the hold ends (lost or released): stops the tasks.
     pub stop: CancellationToken,
@@ -76,12 +79,24 @@ impl Shared {
             lease: lease.into(),
             claim: claim.into(),
             identity: "test".into(),
+            reports: Reporter::new(None, "test", lease, "test", Duration::from_secs(1)),
             tracker: watch::channel(tracker).0,
             stop: CancellationToken::new(),
         });
         shared.update(|_| false);
         shared
     }
+}
+
+/// Who reports this claim's refusals ([`Reporter`]): its creator's pod as the apiserver
+/// authenticated it (the claim's creator annotations, I7), else its username, else the holder
+/// identity. The refusal-reports policy admits a holder's report only under its own name.
+fn reporting_instance(claim: &FencedLeaseClaim, identity: &str) -> String {
+    let annotations = claim.metadata.annotations.as_ref();
+    let creator = |key| annotations.and_then(|a| a.get(key)).cloned();
+    creator(CREATED_BY_POD)
+        .or_else(|| creator(CREATED_BY))
+        .unwrap_or_else(|| identity.to_string())
 }
 
 /// A created claim to keep.
@@ -125,12 +140,21 @@ impl Keeper {
             BootInstant::now(),
             &ClaimView::from(&created.claim),
         );
+        let call_timeout = tracker.timing().call_timeout;
         let (tx, _) = watch::channel(tracker);
+        let reports = Reporter::new(
+            Some(client.clone()),
+            &created.namespace,
+            &created.lease,
+            &reporting_instance(&created.claim, &created.identity),
+            call_timeout,
+        );
         let shared = Arc::new(Shared {
             namespace: created.namespace.clone(),
             lease: created.lease,
             claim: name,
             identity: created.identity,
+            reports,
             tracker: tx,
             stop: CancellationToken::new(),
         });

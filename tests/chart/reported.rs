@@ -1,0 +1,321 @@
+//! The refusals holders report, in a real Prometheus: a holder of the Rust library whose
+//! runtime is paused (blocked: no heartbeat, as in a GC pause) past its term resumes and writes
+//! with the token it had, to PostgreSQL (a table bound to a scope) under one lease and to Redis
+//! (a scope's key) under another. Each guard refuses; the library reports each refusal (a
+//! `WriteRefused` Event on the FencedLease from the pod); the operator counts them per lease,
+//! and the critical alert must fire in Prometheus's alerts API within [`BOUND`], once per
+//! lease, naming it. The Event must name the refused pod and both tokens. The alerts of the
+//! other test (the apiserver's counters) are told apart by their labels.
+
+use std::future::Future;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fenced_lease::fence::Error as FenceError;
+use fenced_lease::holder::{AcquireOptions, Refusal, acquire};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use serde_json::Value;
+
+use crate::alerts::chart_rule_groups;
+use crate::common::fence::datastores;
+use crate::common::operator::OperatorProcess;
+use crate::common::prometheus::Prometheus;
+use crate::common::{TestNamespace, client_from_kubeconfig, wait_for};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// From the refused write to the alert firing: the Event (sent at once), the operator's watch,
+/// a scrape and an evaluation (2 s each here), with room for a 2-core machine under load.
+const BOUND: Duration = Duration::from_secs(20);
+
+const ALERT: &str = "FencedLeaseWriteRefused";
+
+/// What a paused holder saw: its token, and what the library made of its stale write.
+struct Stale {
+    token: i64,
+    refusal: Result<Option<Refusal>, String>,
+    resumed_at: Instant,
+}
+
+/// Holder `pod` of `lease` on a runtime of its own: acquires, writes with `write`, says its
+/// token on `granted`, then pauses (its runtime blocked until `resume`: no heartbeat, no timer),
+/// writes again with the token it had, and asks the library what the error means (which
+/// reports it), then waits until the report is sent.
+fn paused_holder<W, F>(
+    kubeconfig: std::path::PathBuf,
+    namespace: String,
+    lease: &'static str,
+    write: W,
+    granted: mpsc::Sender<i64>,
+    resume: mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<Stale>
+where
+    W: Fn(i64) -> F + Send + 'static,
+    F: Future<Output = Result<(), FenceError>>,
+{
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let client = client_from_kubeconfig(&kubeconfig).await;
+            let options = AcquireOptions::default().wait(WAIT);
+            let guard = acquire(client, &namespace, lease, options)
+                .await
+                .expect("acquire");
+            let token = guard.token().expect("held");
+            write(token).await.expect("the holder's write");
+            granted.send(token).unwrap();
+            // The pause: nothing of this runtime runs until resumed.
+            resume.recv().unwrap();
+            let resumed_at = Instant::now();
+            let refusal = match write(token).await {
+                Ok(()) => Err("the stale write was accepted".to_string()),
+                Err(e) => Ok(guard.refusal(&e)),
+            };
+            guard.reported().await;
+            drop(guard);
+            Stale {
+                token,
+                refusal,
+                resumed_at,
+            }
+        })
+    })
+}
+
+/// The alert `ALERT` for lease `namespace/lease`, if Prometheus has it firing now.
+async fn firing(prometheus: &Prometheus, namespace: &str, lease: &str) -> Option<Value> {
+    prometheus.alerts().await.into_iter().find(|a| {
+        a["labels"]["alertname"] == ALERT
+            && a["labels"]["namespace"] == namespace
+            && a["labels"]["lease"] == lease
+            && a["state"] == "firing"
+    })
+}
+
+/// The WriteRefused Events on FencedLease `lease`.
+async fn reports(ns: &TestNamespace, lease: &str) -> Vec<Event> {
+    let selector = format!("reason=WriteRefused,regarding.name={lease}");
+    let params = ListParams::default().fields(&selector);
+    ns.api::<Event>().list(&params).await.unwrap().items
+}
+
+/// The two stale holders' guards: a PostgreSQL table bound to a scope, a Redis scope's key.
+struct Guards {
+    table: String,
+    redis: fenced_lease::fence::redis::Scope,
+}
+
+async fn guards() -> Guards {
+    use fenced_lease::fence::postgres::{Scope, install};
+    let (pg, connection) = tokio_postgres::connect(&datastores().postgres, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    install(&pg).await.unwrap();
+    let table = format!("payouts_{:08x}", rand::random::<u32>());
+    pg.batch_execute(&format!(
+        "CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, account BIGINT NOT NULL, amount BIGINT NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    Scope::new(&format!("account-{table}"))
+        .unwrap()
+        .enable(&pg, &table)
+        .await
+        .unwrap();
+    let redis = fenced_lease::fence::redis::Scope::new(&table).unwrap();
+    let mut conn = redis_connection().await;
+    fenced_lease::fence::redis::load(&mut conn).await.unwrap();
+    Guards { table, redis }
+}
+
+async fn redis_connection() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(datastores().redis.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// A payout to account 42 in `table`, presenting `token` (a new connection each time: the
+/// holder's runtime owns it).
+async fn pay(table: String, token: i64) -> Result<(), FenceError> {
+    let (mut pg, connection) =
+        tokio_postgres::connect(&datastores().postgres, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let tx = fenced_lease::fence::postgres::begin(&mut pg, token).await?;
+    tx.batch_execute(&format!(
+        "INSERT INTO {table} (account, amount) VALUES (42, 100)"
+    ))
+    .await?;
+    tx.commit().await
+}
+
+/// A balance of account 42 in the Redis scope, presenting `token`.
+async fn set_balance(
+    scope: fenced_lease::fence::redis::Scope,
+    token: i64,
+) -> Result<(), FenceError> {
+    let mut conn = redis_connection().await;
+    let key = scope.key("balance");
+    scope.set(&mut conn, &key, "100", token).await
+}
+
+#[tokio::test]
+async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_alert() {
+    let _serial = crate::OPERATORS.lock().await;
+    let ns = TestNamespace::new("reported").await;
+    ns.with_fence_policies().await; // refusal-reports.yaml among them
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let groups = chart_rule_groups(&ns.name);
+    let prometheus = Prometheus::start(&ns.name, &groups, Some(op.http_port().await)).await;
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    for lease in ["payouts", "balances"] {
+        ns.kubectl_apply(&format!("apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {{name: {lease}}}\nspec: {{leaseDurationSeconds: 3}}\n"));
+    }
+    let g = guards().await;
+
+    // pa holds both leases, each in a runtime of its own, and writes.
+    let kubeconfig = ns.kubeconfig_as_pod(&pods[0]).await;
+    let (pg_granted, pg_token) = mpsc::channel();
+    let (pg_resume, pg_resumed) = mpsc::channel();
+    let table = g.table.clone();
+    let pg_holder = paused_holder(
+        kubeconfig.clone(),
+        ns.name.clone(),
+        "payouts",
+        move |token| pay(table.clone(), token),
+        pg_granted,
+        pg_resumed,
+    );
+    let (redis_granted, redis_token) = mpsc::channel();
+    let (redis_resume, redis_resumed) = mpsc::channel();
+    let scope = g.redis.clone();
+    let redis_holder = paused_holder(
+        kubeconfig,
+        ns.name.clone(),
+        "balances",
+        move |token| set_balance(scope.clone(), token),
+        redis_granted,
+        redis_resumed,
+    );
+    let first = |rx: mpsc::Receiver<i64>| rx.recv_timeout(WAIT).expect("pa's first write");
+    let (pg_first, redis_first) = (first(pg_token), first(redis_token));
+
+    // Both pa's runtimes are paused now: pb is granted each lease after pa's term, and writes.
+    ns.create_claim("pb-payouts", "payouts", Some("pb")).await;
+    ns.create_claim("pb-balances", "balances", Some("pb")).await;
+    let _beats = [
+        ns.keep_beating("pb-payouts", Duration::from_secs(1)),
+        ns.keep_beating("pb-balances", Duration::from_secs(1)),
+    ];
+    let pg_second = wait_for("pb granted payouts", WAIT, || {
+        ns.granted_token("pb-payouts")
+    })
+    .await;
+    let redis_second = wait_for("pb granted balances", WAIT, || {
+        ns.granted_token("pb-balances")
+    })
+    .await;
+    pay(g.table.clone(), pg_second).await.expect("pb pays");
+    set_balance(g.redis.clone(), redis_second)
+        .await
+        .expect("pb sets the balance");
+
+    // No alert for either lease before a refusal (pa's first writes were accepted).
+    assert!(firing(&prometheus, &ns.name, "payouts").await.is_none());
+
+    // pa resumes, writes with its old tokens: both guards refuse, the library reports.
+    pg_resume.send(()).unwrap();
+    redis_resume.send(()).unwrap();
+    let mut resumed = Vec::new();
+    for (lease, holder, presented, highest) in [
+        ("payouts", pg_holder, pg_first, pg_second),
+        ("balances", redis_holder, redis_first, redis_second),
+    ] {
+        let stale = tokio::task::spawn_blocking(move || holder.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(stale.token, presented);
+        assert_eq!(
+            stale.refusal,
+            Ok(Some(Refusal::NewerHolder)),
+            "pa's stale write under {lease}"
+        );
+        resumed.push((lease, stale.resumed_at, presented, highest));
+    }
+    for (lease, resumed_at, presented, highest) in resumed {
+        let alert = wait_for(&format!("{ALERT} firing for {lease}"), BOUND, || {
+            firing(&prometheus, &ns.name, lease)
+        })
+        .await;
+        eprintln!(
+            "{ALERT} firing {:.1} s after pa resumed: {alert}",
+            resumed_at.elapsed().as_secs_f64()
+        );
+        assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+        let events = reports(&ns, lease).await;
+        let [event] = &events[..] else {
+            panic!("one WriteRefused Event on {lease}: {events:?}");
+        };
+        assert_eq!(event.reporting_instance.as_deref(), Some("pa"), "{event:?}");
+        let note = event.note.clone().unwrap_or_default();
+        assert!(
+            note.contains(&format!("token {presented} is lower than {highest}")),
+            "{lease}'s Event does not give both tokens: {note}"
+        );
+    }
+    let counted = prometheus
+        .query(&format!(
+            "fenced_lease_write_refusals_reported_total{{namespace=\"{}\"}}",
+            ns.name
+        ))
+        .await
+        .expect("the operator's counter");
+    assert_eq!(
+        counted.as_array().map(Vec::len),
+        Some(2),
+        "one series per lease: {counted}"
+    );
+    drop(prometheus);
+}
+
+/// A holder may report only under its own name: pb cannot send a report as pa, nor change
+/// pa's report (deploy/admission/refusal-reports.yaml).
+#[tokio::test]
+async fn a_pod_reports_refusals_only_under_its_own_name() {
+    let ns = TestNamespace::new("report-name").await;
+    ns.with_fence_policies().await;
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let as_pa = kube::Api::<Event>::namespaced(ns.client_as_pod(&pods[0]).await, &ns.name);
+    let as_pb = kube::Api::<Event>::namespaced(ns.client_as_pod(&pods[1]).await, &ns.name);
+    let lease = fenced_lease::holder::refusals::lease_reference(&ns.name, "books");
+    let event = |instance: &str| {
+        fenced_lease::holder::refusals::refusal_event(&lease, instance, 1, "fenced out")
+    };
+    let post = kube::api::PostParams::default();
+    let (code, message) = crate::common::api_error_message(as_pb.create(&post, &event("pa")).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("reportingInstance must be \"pb\""),
+        "{message}"
+    );
+    let mine = as_pa.create(&post, &event("pa")).await.expect("pa reports");
+    let name = mine.metadata.name.clone().unwrap();
+    // pb adds to pa's count (an alert under pa's name): refused. (Changing a report's
+    // reportingInstance the Events API itself refuses, 422.)
+    let add = serde_json::json!({"series": {"count": 9, "lastObservedTime": mine.event_time}});
+    let patched = as_pb
+        .patch(&name, &Default::default(), &kube::api::Patch::Merge(&add))
+        .await;
+    let (code, message) = crate::common::api_error_message(patched);
+    assert_eq!(code, 403, "{message}");
+    as_pa
+        .patch(&name, &Default::default(), &kube::api::Patch::Merge(&add))
+        .await
+        .expect("pa adds to its own report");
+}
