@@ -13,13 +13,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 )
 
 // Client reads FencedLeases and writes, heartbeats and watches this holder's
-// FencedLeaseClaims. Build one per process with NewClient and share it.
+// FencedLeaseClaims, and reports the refusals of its writes as Events (Lease.Refusal). Build
+// one per process with NewClient and share it.
 type Client struct {
-	rest rest.Interface
+	rest   rest.Interface
+	events eventsclient.EventsV1Interface
 }
 
 var scheme = func() *runtime.Scheme {
@@ -48,7 +51,11 @@ func NewClient(config *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fencing.dev client: %w", err)
 	}
-	return &Client{rest: r}, nil
+	events, err := eventsclient.NewForConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("events.k8s.io client: %w", err)
+	}
+	return &Client{rest: r, events: events}, nil
 }
 
 func (c *Client) getLease(ctx context.Context, ns, name string) (*v1alpha1.FencedLease, error) {

@@ -21,6 +21,7 @@ type keeper struct {
 	log                     logr.Logger
 	namespace, lease, claim string
 	identity                string
+	reports                 *reporter // the refusals of this holder's writes (Lease.Refusal)
 
 	mu      sync.Mutex
 	t       tracker
@@ -54,6 +55,7 @@ func startKeeper(c *Client, log logr.Logger, ns, lease, identity string, t *trac
 		t: *t, changed: make(chan struct{}),
 		ctx: ctx, cancel: cancel, finished: make(chan struct{}),
 		seedClaim: created, seedLease: seedLease,
+		reports: newReporter(c.events, ns, lease, reportingInstance(created, identity), t.timing().callTimeout),
 	}
 	if !k.t.live() {
 		cancel()

@@ -114,11 +114,15 @@ func (l *Lease) Identity() string { return l.k.identity }
 
 // Release stops acting as holder at once, then deletes the claim so that the next waiter is
 // granted without waiting for expiry, and returns once that is done and every goroutine of
-// this Lease has stopped (or ctx is done first: the deletion still completes). Releasing a
-// lost lease only waits for its claim to be deleted; releasing twice is harmless.
+// this Lease has stopped (or ctx is done first: the deletion still completes); meanwhile it
+// sends the refusals not yet reported (Reported). Releasing a lost lease only waits for its
+// claim to be deleted; releasing twice is harmless.
 func (l *Lease) Release(ctx context.Context) error {
 	l.stopAfter()
+	reported := make(chan struct{})
+	go func() { l.Reported(ctx); close(reported) }()
 	err := l.k.discard(ctx, Released)
 	<-l.ctx.Done()
+	<-reported
 	return err
 }

@@ -24,7 +24,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 use super::error::report;
 use crate::api::{FencedLease, HOLDER_REPORTING_CONTROLLER, WRITE_REFUSED_REASON};
@@ -148,6 +148,8 @@ pub(crate) struct Reporter {
     flush: Notify,
     /// Refusals sent (or given up on) so far.
     sent: watch::Sender<u64>,
+    /// Calls made (or, without a client, that would have been).
+    calls: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -158,6 +160,8 @@ struct State {
     sending: bool,
     /// The Event of this claim's refusals, once created.
     event: Option<String>,
+    /// When the last call was made.
+    last_sent: Option<Instant>,
 }
 
 impl Reporter {
@@ -176,6 +180,7 @@ impl Reporter {
             state: Mutex::default(),
             flush: Notify::new(),
             sent: watch::channel(0).0,
+            calls: Default::default(),
         })
     }
 
@@ -212,31 +217,45 @@ impl Reporter {
         let _ = timeout(self.call_timeout * 2, sent.wait_for(|s| *s >= target)).await;
     }
 
+    /// Sends what was recorded, at most one call per [`INTERVAL`] (a flush does not wait), and
+    /// returns as soon as nothing is left to send: no task outlives the reports.
     async fn send_paced(self: Arc<Self>) {
         loop {
-            let (refused, note, event) = {
+            let pause = {
                 let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 if state.refused == *self.sent.borrow() {
                     state.sending = false;
                     return;
                 }
+                state
+                    .last_sent
+                    .map(|at| (at + INTERVAL).saturating_duration_since(Instant::now()))
+            };
+            if let Some(pause) = pause.filter(|p| !p.is_zero()) {
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = self.flush.notified() => {}
+                }
+            }
+            let (refused, note, event) = {
+                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 (state.refused, state.note.clone(), state.event.clone())
             };
             let created = self.send(refused, &note, event).await;
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if created.is_some() {
-                self.state.lock().unwrap_or_else(|e| e.into_inner()).event = created;
+                state.event = created;
             }
+            state.last_sent = Some(Instant::now());
             self.sent.send_replace(refused);
-            tokio::select! {
-                () = tokio::time::sleep(INTERVAL) => {}
-                () = self.flush.notified() => {}
-            }
         }
     }
 
     /// One call: a new Event, or the series of the existing one (created again if it has
     /// expired). A failure is logged and not retried: the next refusal tries again.
     async fn send(&self, refused: u64, note: &str, event: Option<String>) -> Option<String> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let api = self.events.as_ref()?;
         if let Some(name) = event {
             let (params, patch) = (
@@ -292,6 +311,37 @@ mod tests {
         assert_eq!(event.series.unwrap().count, 3);
         assert!(refusal_event(&lease, "p", 1, "x").series.is_none());
         assert!(event.metadata.name.unwrap().starts_with("payouts."));
+    }
+
+    /// A wedged holder refused in a loop: the first refusal is sent at once, then one call per
+    /// 10 s however many come, and a flush sends the rest without waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_refusals_costs_one_call_per_interval() {
+        let reporter = Reporter::new(None, "shop", "payouts", "pa", Duration::from_secs(5));
+        let calls = || reporter.calls.load(std::sync::atomic::Ordering::Relaxed);
+        let sent = || *reporter.sent.borrow();
+        for i in 0..1000 {
+            reporter.record(format!("refusal {i}"));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!((calls(), sent()), (1, 1000), "the first call at once, with all there are");
+        for i in 0..1000 {
+            reporter.record(format!("refusal {i}"));
+            tokio::time::sleep(Duration::from_millis(9)).await;
+        }
+        // 9 s of refusals after the first call: none sent yet.
+        assert_eq!(calls(), 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            (calls(), sent()),
+            (2, 2000),
+            "the rest, 10 s after the first"
+        );
+        reporter.record("one more".into());
+        reporter.flush().await;
+        assert_eq!((calls(), sent()), (3, 2001), "a flush does not wait");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(calls(), 3, "nothing more without a refusal");
     }
 
     #[test]
