@@ -324,7 +324,11 @@ mod tests {
             reporter.record(format!("refusal {i}"));
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!((calls(), sent()), (1, 1000), "the first call at once, with all there are");
+        assert_eq!(
+            (calls(), sent()),
+            (1, 1000),
+            "the first call at once, with all there are"
+        );
         for i in 0..1000 {
             reporter.record(format!("refusal {i}"));
             tokio::time::sleep(Duration::from_millis(9)).await;

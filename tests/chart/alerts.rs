@@ -48,20 +48,16 @@ pub(crate) fn chart_rule_groups(namespace: &str) -> Value {
     rule["spec"]["groups"].clone()
 }
 
-/// The query of the dashboard's panel of the writes the fence refused.
-fn dashboard_refusals_query() -> String {
+/// The query of the dashboard's panel whose title starts with `title`.
+pub(crate) fn dashboard_query(title: &str) -> String {
     let path = crate::common::repo_root().join("deploy/monitoring/dashboard.json");
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let panel = dashboard["panels"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| {
-            p["title"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("Writes the fence refused"))
-        })
-        .expect("the dashboard's panel of refusals");
+        .find(|p| p["title"].as_str().is_some_and(|t| t.starts_with(title)))
+        .unwrap_or_else(|| panic!("the dashboard's panel {title:?}"));
     panel["targets"][0]["expr"].as_str().unwrap().to_string()
 }
 
@@ -198,7 +194,7 @@ async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prome
         recorded.0, recorded.1
     );
     let panel = prometheus
-        .query(&dashboard_refusals_query())
+        .query(&dashboard_query("Writes the fence refused"))
         .await
         .expect("the panel's query");
     assert!(

@@ -17,7 +17,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use serde_json::Value;
 
-use crate::alerts::chart_rule_groups;
+use crate::alerts::{chart_rule_groups, dashboard_query};
 use crate::common::fence::datastores;
 use crate::common::operator::OperatorProcess;
 use crate::common::prometheus::Prometheus;
@@ -101,6 +101,18 @@ async fn reports(ns: &TestNamespace, lease: &str) -> Vec<Event> {
     let selector = format!("reason=WriteRefused,regarding.name={lease}");
     let params = ListParams::default().fields(&selector);
     ns.api::<Event>().list(&params).await.unwrap().items
+}
+
+/// `kubectl fence ARGS` as the cluster's admin: its output.
+fn kubectl_fence(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        .arg("--kubeconfig")
+        .arg(&crate::common::control_plane().kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl fence");
+    assert!(out.status.success(), "kubectl fence {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The two stale holders' guards: a PostgreSQL table bound to a scope, a Redis scope's key.
@@ -264,9 +276,22 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
         };
         assert_eq!(event.reporting_instance.as_deref(), Some("pa"), "{event:?}");
         let note = event.note.clone().unwrap_or_default();
+        let tokens = format!("token {presented} is lower than {highest}");
         assert!(
-            note.contains(&format!("token {presented} is lower than {highest}")),
+            note.contains(&tokens),
             "{lease}'s Event does not give both tokens: {note}"
+        );
+        // What the on-call types first: the lease's status names the last refusal.
+        let status = kubectl_fence(&["status", lease, "-n", &ns.name]);
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("Refused:"))
+            .unwrap_or_else(|| panic!("no Refused line in status:\n{status}"));
+        assert!(
+            line.contains("once; last")
+                && line.contains("pa was refused")
+                && line.contains(&tokens),
+            "{line}"
         );
     }
     let counted = prometheus
@@ -281,6 +306,21 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
         Some(2),
         "one series per lease: {counted}"
     );
+    // The dashboard's panel, as Grafana would ask with this namespace and every lease chosen.
+    let panel = dashboard_query("Writes refused, as the holders reported them")
+        .replace("$namespace", &ns.name)
+        .replace("$lease", ".*");
+    let shown = prometheus.query(&panel).await.expect("the panel's query");
+    for lease in ["payouts", "balances"] {
+        assert!(
+            shown
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["metric"]["lease"] == lease && s["value"][1] != "0"),
+            "the dashboard's panel does not show {lease}'s refusal: {shown}"
+        );
+    }
     drop(prometheus);
 }
 

@@ -8,6 +8,7 @@ use nix::sys::signal::Signal;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::refusals::{self, RefusalReport};
 use super::report::{self, LeaseReport};
 use super::signals::{Signals, is_terminating, stop_self};
 use super::{AcquireFormat, Failure, HolderArgs, NameFormat, ReportFormat, exit, failure};
@@ -70,24 +71,37 @@ pub(super) async fn status(
     timeout: Option<Duration>,
 ) -> Result<u8, Failure> {
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), namespace);
-    let claims: Api<FencedLeaseClaim> = Api::namespaced(client, namespace);
+    let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), namespace);
     let found = get_lease(&leases, lease, timeout).await?;
-    let claims = read(
-        "list FencedLeaseClaims",
-        timeout,
-        claims.list(&ListParams::default()),
-    )
-    .await?;
-    let report = LeaseReport::new(&found, &claims.items);
+    let all = ListParams::default();
+    let (claims, events) = tokio::join!(
+        read("list FencedLeaseClaims", timeout, claims.list(&all)),
+        refusals::read(client, namespace, lease, timeout.unwrap_or(API_TIMEOUT)),
+    );
+    let report = LeaseReport::new(&found, &claims?.items);
     let now = k8s_openapi::jiff::Timestamp::now();
+    let refused = || refusals::detail(events.as_deref(), now);
+    let structured = Status {
+        refused: events.as_deref().and_then(RefusalReport::of),
+        report: report.clone(),
+    };
     match output {
-        None => print!("{}", report.detail(now, false)),
-        Some(ReportFormat::Wide) => print!("{}", report.detail(now, true)),
+        None => print!("{}{}", report.detail(now, false), refused()),
+        Some(ReportFormat::Wide) => print!("{}{}", report.detail(now, true), refused()),
         Some(ReportFormat::Name) => println!("{LEASE_NAME_PREFIX}{}", report.name),
-        Some(ReportFormat::Json) => print_as(&report, true)?,
-        Some(ReportFormat::Yaml) => print_as(&report, false)?,
+        Some(ReportFormat::Json) => print_as(&structured, true)?,
+        Some(ReportFormat::Yaml) => print_as(&structured, false)?,
     }
     Ok(exit::OK)
+}
+
+/// `status -o json|yaml`: the lease's report and its last refusal.
+#[derive(Serialize)]
+struct Status {
+    #[serde(flatten)]
+    report: LeaseReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<RefusalReport>,
 }
 
 /// `namespace`: `None` lists every namespace (`-A`).

@@ -15,6 +15,7 @@ mod child;
 mod commands;
 mod complete;
 pub mod exit;
+mod refusals;
 pub mod report;
 mod run;
 mod signals;
