@@ -104,6 +104,22 @@ impl LeaseHandle {
         Some(refusal)
     }
 
+    /// Reports a refusal for a stale token that this program learned of by other means than a
+    /// guard's error ([`refusal`](Self::refusal) classifies those): a child process's exit code
+    /// (`kubectl fence run --refused-exit-code`), say. Logs, counts and sends the Event as
+    /// `refusal` does; `what` says what was refused.
+    pub fn report_refusal(&self, what: &str) {
+        let shared = &self.shared;
+        tracing::error!(
+            namespace = %shared.namespace, lease = %shared.lease, claim = %shared.claim,
+            token = ?self.granted_token(), what, "write refused: a stale token"
+        );
+        super::refusals::count(&shared.namespace, &shared.lease);
+        shared
+            .reports
+            .record(format!("claim {}: {what}", shared.claim));
+    }
+
     /// Waits until the refusals reported so far ([`refusal`](Self::refusal)) are sent to the
     /// apiserver as an Event (at most two request timeouts): call it before the process exits.
     /// [`LeaseGuard::release`] does.

@@ -238,8 +238,25 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
         .await
         .expect("pb sets the balance");
 
-    // No alert for either lease before a refusal (pa's first writes were accepted).
-    assert!(firing(&prometheus, &ns.name, "payouts").await.is_none());
+    // No alert before a refusal (pa's first writes were accepted; pb writes), over several
+    // evaluations.
+    let scrapes = "count_over_time(up{job=\"fenced-lease-operator\"}[1h]) >= 5";
+    wait_for(
+        "Prometheus to scrape the operator 5 times",
+        WAIT,
+        || async { (!prometheus.query(scrapes).await?.as_array()?.is_empty()).then_some(()) },
+    )
+    .await;
+    let quiet = format!(
+        "ALERTS{{alertname=\"{ALERT}\",namespace=\"{}\"}}[1h]",
+        ns.name
+    );
+    let quiet = prometheus.query(&quiet).await.expect("query ALERTS");
+    assert_eq!(
+        quiet,
+        serde_json::json!([]),
+        "{ALERT} with no write refused"
+    );
 
     // pa resumes, writes with its old tokens: both guards refuse, the library reports.
     pg_resume.send(()).unwrap();
@@ -358,4 +375,62 @@ async fn a_pod_reports_refusals_only_under_its_own_name() {
         .patch(&name, &Default::default(), &kube::api::Patch::Merge(&add))
         .await
         .expect("pa adds to its own report");
+}
+
+/// A script under `kubectl fence run` says "my write was refused" by an exit code: run reports
+/// it as the libraries do (one WriteRefused Event from the pod, counted by the operator) and
+/// exits with that code; any other code reports nothing.
+#[tokio::test]
+async fn kubectl_fence_run_reports_the_refusal_its_command_signals() {
+    let _serial = crate::OPERATORS.lock().await;
+    let ns = TestNamespace::new("run-refused").await;
+    ns.with_fence_policies().await;
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa"]).await;
+    let kubeconfig = ns.kubeconfig_as_pod(&pods[0]).await;
+    ns.create_lease("ledger", 15);
+    let run = |script: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["-n", &ns.name, "run", "ledger", "--wait", "30s"])
+            .args(["--refused-exit-code", "65", "--", "sh", "-c", script])
+            .output()
+            .expect("kubectl fence run")
+    };
+    let refused = run("echo \"$FENCE_TOKEN\"; exit 65");
+    assert_eq!(refused.status.code(), Some(65), "{refused:?}");
+    let token = String::from_utf8_lossy(&refused.stdout).trim().to_string();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("was refused for a stale token"), "{stderr}");
+    let events = reports(&ns, "ledger").await;
+    let [event] = &events[..] else {
+        panic!("one WriteRefused Event on ledger: {events:?}");
+    };
+    assert_eq!(event.reporting_instance.as_deref(), Some("pa"), "{event:?}");
+    let note = event.note.clone().unwrap_or_default();
+    assert!(
+        note.contains("exited 65") && note.contains(&format!("token {token}")),
+        "{note}"
+    );
+    let other = run("exit 3");
+    assert_eq!(other.status.code(), Some(3), "{other:?}");
+    assert_eq!(
+        reports(&ns, "ledger").await.len(),
+        1,
+        "exit 3 is no refusal"
+    );
+    let port = op.http_port().await;
+    let metrics = wait_for("the operator to count it", WAIT, || async {
+        let (_, body) = crate::common::http_get(port, "/metrics").await?;
+        body.lines()
+            .any(|l| {
+                l.starts_with("fenced_lease_write_refusals_reported_total")
+                    && l.contains("lease=\"ledger\"")
+                    && l.ends_with(" 1")
+            })
+            .then_some(body)
+    })
+    .await;
+    drop(metrics);
 }

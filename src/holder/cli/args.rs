@@ -247,6 +247,13 @@ pub enum Command {
         /// `<namespace>/<lease>`).
         #[arg(long, value_parser = parse_scope)]
         scope: Option<String>,
+        /// The exit code by which CMD says a write of its was refused for a stale token (a
+        /// PostgreSQL SQLSTATE FL001, a Redis FENCED, an apiserver 403 of the fence): kubectl
+        /// fence then reports the refusal as the libraries do (an error line, and a Warning
+        /// Event WriteRefused on the lease, which the operator counts for the critical alert
+        /// FencedLeaseWriteRefused) before it exits with that code.
+        #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u8).range(1..))]
+        refused_exit_code: Option<u8>,
         /// The command and its arguments.
         #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,

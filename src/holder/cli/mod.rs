@@ -163,14 +163,17 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             grace,
             kill_group,
             scope,
+            refused_exit_code,
             command,
         } => {
-            let leftovers = run::Leftovers { kill: kill_group };
             let scope = scope.unwrap_or_else(|| format!("{namespace}/{lease}"));
-            run::run(
-                client, &namespace, &lease, &holder, timeout, grace, leftovers, &scope, &command,
-            )
-            .await
+            let how = run::How {
+                grace,
+                leftovers: run::Leftovers { kill: kill_group },
+                scope: &scope,
+                refused_exit_code,
+            };
+            run::run(client, &namespace, &lease, &holder, timeout, how, &command).await
         }
         Command::Completion { .. } => Ok(exit::OK), // answered above, offline
     }

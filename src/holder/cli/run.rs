@@ -35,19 +35,34 @@ pub struct Leftovers {
     pub kill: bool,
 }
 
+/// How CMD is run.
+#[derive(Clone, Copy, Debug)]
+pub struct How<'a> {
+    /// What CMD's group gets after SIGTERM before SIGKILL.
+    pub grace: Duration,
+    pub leftovers: Leftovers,
+    /// What its writes fence (FENCE_SCOPE).
+    pub scope: &'a str,
+    /// CMD's exit code for "a write was refused for a stale token": reported.
+    pub refused_exit_code: Option<u8>,
+}
+
 /// Acquires `lease`, runs `command` while holding it, and returns the exit code.
-#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     namespace: &str,
     lease: &str,
     holder: &HolderArgs,
     request_timeout: Option<Duration>,
-    grace: Duration,
-    leftovers: Leftovers,
-    scope: &str,
+    how: How<'_>,
     command: &[String],
 ) -> Result<u8, Failure> {
+    let How {
+        grace,
+        leftovers,
+        scope,
+        refused_exit_code,
+    } = how;
     let Some((program, args)) = command.split_first() else {
         return Err(super::failure("no command given"));
     };
@@ -95,7 +110,15 @@ pub async fn run(
             exit::for_loss(&reason)
         }
     };
-    release(guard).await;
+    if refused_exit_code.is_some_and(|refused| refused == code) {
+        eprintln!(
+            "kubectl fence: {program} exited {code} (--refused-exit-code): a write with token {token} was refused for a stale token; reported on FencedLease {namespace}/{lease}"
+        );
+        guard.report_refusal(&format!(
+            "{program} exited {code} (--refused-exit-code): a write with token {token} was refused"
+        ));
+    }
+    release(guard).await; // sends the report first
     Ok(code)
 }
 
