@@ -17,6 +17,7 @@ import (
 	"github.com/fenced-lease/fenced-lease/go/lease"
 	"github.com/fenced-lease/fenced-lease/go/lock"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -184,8 +185,27 @@ func TestOneProcessLeadsLosesAndLeadsAgainWritingInItsSecondTerm(t *testing.T) {
 		return nil
 	})
 	stale := fence.NewClient(admin, leaseName, fixed(first))
-	if err := stale.Update(ctx, ledger(t, admin, ns)); !errors.Is(err, fence.ErrFenced) {
+	err = stale.Update(ctx, ledger(t, admin, ns))
+	if !errors.Is(err, fence.ErrFenced) {
 		t.Fatalf("a write with a's first token: %v", err)
+	}
+	// a's refused write, reported through its lock: one WriteRefused Event on the lease.
+	if got := a.lock.Refusal(err); got != lease.NewerHolder {
+		t.Fatalf("a's lock calls its refused write %v", got)
+	}
+	a.lock.Reported(ctx)
+	var events eventsv1.EventList
+	if err := admin.List(ctx, &events, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	reports := 0
+	for _, e := range events.Items {
+		if e.Reason == lease.WriteRefusedReason && e.Regarding.Name == leaseName {
+			reports++
+		}
+	}
+	if reports != 1 {
+		t.Fatalf("%d WriteRefused Events on the lease after a's refused write, want 1", reports)
 	}
 
 	b.halt()

@@ -56,6 +56,7 @@ type Lock struct {
 	mu          sync.Mutex
 	stopped     bool          // ctx is done: no goroutine starts any more
 	term        *lease.Lease  // the term held, nil between terms
+	last        *lease.Lease  // the last term granted, kept for Refusal
 	campaigning bool          // a campaign goroutine runs (queued or holding)
 	watching    bool          // the holder watch runs
 	granted     time.Time     // when the term was granted
@@ -141,6 +142,33 @@ func (l *Lock) Token() (int64, error) {
 		return 0, &lease.LostError{Lease: l.Describe(), Reason: lease.NotGranted}
 	}
 	return term.Token()
+}
+
+// Refusal says what err, an error of a write this lock's tokens fence, means, and reports a
+// refusal for a stale token as lease.Lease.Refusal does (an error log line, the counter
+// fenced_lease_holder_write_refusals_total, a Warning Event WriteRefused on the FencedLease,
+// which the operator counts for the alert FencedLeaseWriteRefused), on the last term granted:
+// a refusal mostly comes after that term has ended. lease.NotRefused for an error that is no
+// refusal, and before the first term (nothing was written with a token of this lock).
+func (l *Lock) Refusal(err error) lease.Refusal {
+	l.mu.Lock()
+	last := l.last
+	l.mu.Unlock()
+	if last == nil {
+		return lease.NotRefused
+	}
+	return last.Refusal(err)
+}
+
+// Reported waits until the refusals reported so far (Refusal) are sent, at most two request
+// timeouts or until ctx is done.
+func (l *Lock) Reported(ctx context.Context) {
+	l.mu.Lock()
+	last := l.last
+	l.mu.Unlock()
+	if last != nil {
+		last.Reported(ctx)
+	}
 }
 
 // Claim is the name of the term's FencedLeaseClaim (the holder the FencedLease's status
@@ -307,7 +335,7 @@ func (l *Lock) campaign() {
 	}
 	token, _ := term.Token()
 	l.mu.Lock()
-	l.term, l.granted, l.lastUpdate, l.lastErr = term, time.Now(), time.Time{}, nil
+	l.term, l.last, l.granted, l.lastUpdate, l.lastErr = term, term, time.Now(), time.Time{}, nil
 	l.wakeLocked()
 	l.mu.Unlock()
 	l.log.Info("term granted", "token", token, "claim", term.Claim())
