@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -96,6 +97,56 @@ func (r *replica) next(t *testing.T, prefix string, limit time.Duration) []strin
 			t.Fatalf("%s printed no %q within %v (last lines: %q)", r.pod, prefix, limit, tail(seen))
 		}
 	}
+}
+
+// stop stops the replica's process group with SIGSTOP and returns once every process of the
+// group is stopped and what they printed before is read (and dropped): what the replica prints
+// after stop is what it did after it resumed.
+func (r *replica) stop(t *testing.T) {
+	t.Helper()
+	if err := r.signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !groupStopped(r.cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's processes are not all stopped 10 s after SIGSTOP", r.pod)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Stopped: nothing more is written to the pipe; read what is in it.
+	for {
+		select {
+		case _, ok := <-r.lines:
+			if !ok {
+				return
+			}
+		case <-time.After(200 * time.Millisecond):
+			return
+		}
+	}
+}
+
+// groupStopped says whether every process of process group pgid is stopped (state T), from
+// /proc/<pid>/stat: "pid (comm) state ppid pgrp ...".
+func groupStopped(pgid int) bool {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	members := 0
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(fields) < 3 || fields[2] != strconv.Itoa(pgid) {
+			continue
+		}
+		members++
+		if fields[0] != "T" && fields[0] != "t" {
+			return false
+		}
+	}
+	return members > 0
 }
 
 // rest collects what r prints until it exits, or until limit.
@@ -205,9 +256,7 @@ func pausedLeaderIsRefused(t *testing.T, argv func(pod string) []string) {
 	leader.next(t, "wrote", 30*time.Second) // once the FencedLease names its pod
 	other := start(t, argv("pb"), "pb")
 	for attempt := 1; attempt <= 3; attempt++ {
-		if err := leader.signal(syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
+		leader.stop(t)
 		other.next(t, "leading", 30*time.Second)
 		other.next(t, "wrote", 30*time.Second) // the FencedLease names the new leader's pod
 		if err := leader.signal(syscall.SIGCONT); err != nil {
