@@ -139,7 +139,7 @@ type reporter struct {
 	note, name       string
 	lastSent         time.Time // of the last call (zero: none yet)
 	sending          bool
-	flush            chan struct{} // cuts the pause after a call short
+	flush            chan struct{} // cuts the pause before a call short
 	sentChanged      chan struct{} // closed and replaced when sent changes
 }
 

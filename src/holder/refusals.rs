@@ -144,7 +144,7 @@ pub(crate) struct Reporter {
     instance: String,
     call_timeout: Duration,
     state: Mutex<State>,
-    /// Cuts the pause after a call short (a flush).
+    /// Cuts the pause before a call short (a flush).
     flush: Notify,
     /// Refusals sent (or given up on) so far.
     sent: watch::Sender<u64>,
@@ -156,7 +156,7 @@ pub(crate) struct Reporter {
 struct State {
     refused: u64,
     note: String,
-    /// A task is sending (or pausing after a send).
+    /// A task is sending (or pausing before a send).
     sending: bool,
     /// The Event of this claim's refusals, once created.
     event: Option<String>,
