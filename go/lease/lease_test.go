@@ -57,6 +57,18 @@ func (e *env) acquire(t *testing.T, ctx context.Context, name, identity string) 
 	return l
 }
 
+// deleteClaimOf deletes identity's claim, as its owner or an admin may: its holder loses the
+// lease at once.
+func (e *env) deleteClaimOf(t *testing.T, identity string) {
+	t.Helper()
+	c := e.claimsOf(t, identity)[0]
+	call, cancel := testenv.Call()
+	defer cancel()
+	if err := e.admin.Delete(call, &c); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (e *env) claimsOf(t *testing.T, identity string) []v1alpha1.FencedLeaseClaim {
 	t.Helper()
 	ctx, cancel := testenv.Call()
@@ -250,12 +262,7 @@ func TestADeletedClaimIsLostAtOnce(t *testing.T) {
 	ctx := testenv.Ctx(t, 2*time.Minute)
 	l := e.acquire(t, ctx, "db", "holder")
 	tok := token(t, l)
-	c := e.claimsOf(t, "holder")[0]
-	call, cancel := testenv.Call()
-	defer cancel()
-	if err := e.admin.Delete(call, &c); err != nil {
-		t.Fatal(err)
-	}
+	e.deleteClaimOf(t, "holder")
 	select {
 	case <-l.Done():
 	case <-time.After(5 * time.Second):

@@ -56,12 +56,7 @@ func TestARefusedWriteIsLoggedCountedAndReportedOnTheLease(t *testing.T) {
 
 	stale := e.acquire(t, ctx, "payouts", "stale")
 	old := token(t, stale)
-	claim := e.claimsOf(t, "stale")[0]
-	call, cancel := testenv.Call()
-	defer cancel()
-	if err := e.admin.Delete(call, &claim); err != nil {
-		t.Fatal(err)
-	}
+	e.deleteClaimOf(t, "stale")
 	next := e.acquire(t, ctx, "payouts", "next")
 	if err := pay(ctx, conn, table, token(t, next)); err != nil {
 		t.Fatalf("the holder's payout: %v", err)

@@ -95,7 +95,6 @@ impl LeaseHandle {
             scope, presented, highest, ?refusal, %error,
             "write refused: a stale token (a newer holder wrote, or the resource's mark is ahead)"
         );
-        super::refusals::count(&shared.namespace, &shared.lease);
         let who = match granted {
             Some(token) => format!("claim {} (token {token})", shared.claim),
             None => format!("claim {}", shared.claim),
@@ -114,7 +113,6 @@ impl LeaseHandle {
             namespace = %shared.namespace, lease = %shared.lease, claim = %shared.claim,
             token = ?self.granted_token(), what, "write refused: a stale token"
         );
-        super::refusals::count(&shared.namespace, &shared.lease);
         shared
             .reports
             .record(format!("claim {}: {what}", shared.claim));

@@ -55,26 +55,6 @@ pub fn register_metrics(registry: &mut Registry) {
     );
 }
 
-/// How many refusals of `namespace/lease` this process has counted.
-pub fn refusals_counted(namespace: &str, lease: &str) -> u64 {
-    REFUSALS
-        .get_or_create(&LeaseLabels {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        })
-        .get()
-}
-
-/// Counts one refusal of `namespace/lease`.
-pub(crate) fn count(namespace: &str, lease: &str) {
-    REFUSALS
-        .get_or_create(&LeaseLabels {
-            namespace: namespace.into(),
-            lease: lease.into(),
-        })
-        .inc();
-}
-
 /// The reference of FencedLease `namespace/lease`, as the Events name it.
 pub fn lease_reference(namespace: &str, lease: &str) -> ObjectReference {
     ObjectReference {
@@ -140,6 +120,8 @@ fn truncate(text: &str, max: usize) -> String {
 pub(crate) struct Reporter {
     /// `None`: count and log only (unit tests).
     events: Option<Api<Event>>,
+    /// This lease's series of the counter.
+    counted: Counter,
     lease: ObjectReference,
     instance: String,
     call_timeout: Duration,
@@ -174,6 +156,12 @@ impl Reporter {
     ) -> Arc<Reporter> {
         Arc::new(Reporter {
             events: client.map(|c| Api::namespaced(c, namespace)),
+            counted: REFUSALS
+                .get_or_create(&LeaseLabels {
+                    namespace: namespace.into(),
+                    lease: lease.into(),
+                })
+                .clone(),
             lease: lease_reference(namespace, lease),
             instance: instance.into(),
             call_timeout,
@@ -184,8 +172,9 @@ impl Reporter {
         })
     }
 
-    /// Records one refusal described by `note`; sends it now or at the end of the pause.
+    /// Counts one refusal described by `note`; sends it now or at the end of the pause.
     pub fn record(self: &Arc<Self>, note: String) {
+        self.counted.inc();
         let start = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.refused += 1;
@@ -344,6 +333,7 @@ mod tests {
         reporter.record("one more".into());
         reporter.flush().await;
         assert_eq!((calls(), sent()), (3, 2001), "a flush does not wait");
+        assert_eq!(reporter.counted.get(), 2001, "each refusal counted");
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(calls(), 3, "nothing more without a refusal");
     }

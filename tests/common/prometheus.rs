@@ -128,6 +128,15 @@ impl Prometheus {
         Some(data["result"].clone())
     }
 
+    /// Whether `promql` has a series labelled `label="value"` whose value is not 0 now.
+    pub async fn shows(&self, promql: &str, label: &str, value: &str) -> bool {
+        let result = self.query(promql).await.expect("the query");
+        let series = result.as_array().cloned().unwrap_or_default();
+        series
+            .iter()
+            .any(|s| s["metric"][label] == value && s["value"][1] != "0")
+    }
+
     /// The alerts it holds now (pending or firing), as its alerts API lists them.
     pub async fn alerts(&self) -> Vec<Value> {
         let data = self.api("/api/v1/alerts").await.unwrap_or_default();
