@@ -18,7 +18,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
@@ -26,18 +25,17 @@ use fenced_lease::api::FencedLease;
 use fenced_lease::fence::kube::stamp;
 use fenced_lease::fence::postgres::Scope;
 use fenced_lease::holder::{AcquireOptions, acquire};
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::AuthInfo;
 use kube::{Client, Config, ResourceExt};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
+
+mod workers;
+use workers::{Launch, Worker};
 
 type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
@@ -59,6 +57,14 @@ struct Args {
     /// Where the workers' logs go.
     #[arg(long, default_value = "/tmp")]
     log_dir: PathBuf,
+    /// Run the workers as pods of IMAGE on a node (hack/node), paused by freezing their cgroup:
+    /// run as root on the node's machine. Without it, workers are processes holding tokens of
+    /// pods no kubelet runs, paused by SIGSTOP.
+    #[arg(long, value_name = "IMAGE")]
+    pods: Option<String>,
+    /// PostgreSQL as the workers' pods reach it (default: FL_POSTGRES_URL).
+    #[arg(long, value_name = "URL", requires = "pods")]
+    pods_postgres_url: Option<String>,
     /// Run as worker NAME (used by the demo itself).
     #[arg(long, hide = true)]
     worker: Option<String>,
@@ -137,12 +143,15 @@ async fn worker(args: &Args, name: &str) -> Result<bool> {
         };
         println!("{}", serde_json::to_string(&line).unwrap_or_default());
     };
-    // As the worker's pod: its ServiceAccount token, bound to the pod.
+    // As the worker's pod: its ServiceAccount token, bound to the pod (in a pod, the one its
+    // kubelet mounts; else the demo's).
     let mut config = Config::infer().await?;
-    config.auth_info = AuthInfo {
-        token: Some(std::env::var("FL_DEMO_TOKEN")?.into()),
-        ..AuthInfo::default()
-    };
+    if let Ok(token) = std::env::var("FL_DEMO_TOKEN") {
+        config.auth_info = AuthInfo {
+            token: Some(token.into()),
+            ..AuthInfo::default()
+        };
+    }
     let client = Client::try_from(config)?;
     let mut db = postgres().await?;
     let options = AcquireOptions::default()
@@ -291,98 +300,6 @@ fn report_kube(
 
 // ---- the demo -----------------------------------------------------------------------------
 
-struct Worker {
-    name: &'static str,
-    child: tokio::process::Child,
-}
-
-impl Worker {
-    fn signal(&self, signal: Signal) -> Result<()> {
-        let pid = self.child.id().ok_or("worker has exited")?;
-        kill(Pid::from_raw(i32::try_from(pid)?), signal)?;
-        Ok(())
-    }
-}
-
-/// A worker's pod (Pending: nothing runs in it) and a token bound to it.
-struct WorkerPod {
-    uid: String,
-    token: String,
-}
-
-/// Creates pod `name` running as [`WORKER_ACCOUNT`] and a ServiceAccount token bound to it.
-async fn worker_pod(client: &Client, namespace: &str, name: &str) -> Result<WorkerPod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": WORKER_ACCOUNT,
-            "containers": [{"name": "worker", "image": "example.invalid/worker:1"}],
-        },
-    }))?;
-    let uid = pods
-        .create(&PostParams::default(), &pod)
-        .await?
-        .uid()
-        .ok_or("pod without a UID")?;
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name.into()),
-                uid: Some(uid.clone()),
-            }),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let issued: TokenRequest = accounts
-        .create_subresource("token", WORKER_ACCOUNT, &PostParams::default(), &request)
-        .await?;
-    let token = issued
-        .status
-        .and_then(|s| s.token)
-        .ok_or("TokenRequest without a token")?;
-    Ok(WorkerPod { uid, token })
-}
-
-fn spawn_worker(
-    args: &Args,
-    pod: &WorkerPod,
-    name: &'static str,
-    table: &str,
-    t0: u128,
-    events: mpsc::UnboundedSender<(&'static str, Report)>,
-) -> Result<Worker> {
-    let log = std::fs::File::create(args.log_dir.join(format!("{name}.log")))?;
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--namespace", &args.namespace, "--worker", name])
-        .args(["--table", table, "--t0-ms", &t0.to_string()])
-        .env("RUST_LOG", "warn")
-        .env("FL_DEMO_TOKEN", &pod.token)
-        .env("POD_NAME", name)
-        .env("POD_UID", &pod.uid)
-        .env("POD_NAMESPACE", &args.namespace)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(report) = serde_json::from_str::<Report>(&line) {
-                let _ = events.send((name, report));
-            }
-        }
-    });
-    Ok(Worker { name, child })
-}
-
 fn say(t0: Instant, who: &str, text: &str) {
     println!(
         "  {:>6.2}s  {who:<9} {text}",
@@ -509,9 +426,17 @@ async fn play(
     );
     let (t0, t0_ms) = (Instant::now(), epoch_ms());
     let (tx, mut events) = mpsc::unbounded_channel();
-    let pod_a = worker_pod(client, &args.namespace, "worker-a").await?;
-    let pod_b = worker_pod(client, &args.namespace, "worker-b").await?;
-    let mut a = spawn_worker(args, &pod_a, "worker-a", table, t0_ms, tx.clone())?;
+    let postgres_url = std::env::var("FL_POSTGRES_URL").unwrap_or_default();
+    let launch = Launch {
+        namespace: &args.namespace,
+        table,
+        t0_ms,
+        log_dir: &args.log_dir,
+        image: args.pods.as_deref(),
+        postgres_url: args.pods_postgres_url.as_deref().unwrap_or(&postgres_url),
+        events: tx,
+    };
+    let mut a = Worker::start(client, &launch, "worker-a").await?;
     let mut b: Option<Worker> = None;
     let (mut stale_refused, mut stale_accepted, mut fresh_accepted) = (0, 0, 0);
     let mut paused = false;
@@ -526,34 +451,31 @@ async fn play(
         say(t0, who, &report.text);
         match (who, report.event) {
             ("worker-a", Event::Granted) => {
-                b = Some(spawn_worker(
-                    args,
-                    &pod_b,
-                    "worker-b",
-                    table,
-                    t0_ms,
-                    tx.clone(),
-                )?);
                 say(t0, "demo", "worker-b starts and waits for the lease");
+                b = Some(Worker::start(client, &launch, "worker-b").await?);
             }
             ("worker-a", Event::Paying) => {
-                a.signal(Signal::SIGSTOP)?;
+                a.pause().await?;
                 paused = true;
                 say(
                     t0,
                     "demo",
                     &format!(
-                        "SIGSTOP worker-a: a stop-the-world pause, longer than its {LEASE_SECONDS}s lease"
+                        "{} worker-a: a stop-the-world pause, longer than its {LEASE_SECONDS}s lease",
+                        a.describe_pause()
                     ),
                 );
             }
             ("worker-b", Event::Done) if paused => {
-                a.signal(Signal::SIGCONT)?;
+                a.resume().await?;
                 paused = false;
                 say(
                     t0,
                     "demo",
-                    "SIGCONT worker-a: it resumes, still sure it holds its token",
+                    &format!(
+                        "{} worker-a: it resumes, still sure it holds its token",
+                        a.describe_resume()
+                    ),
                 );
             }
             ("worker-a", Event::Accepted) => stale_accepted += 1,
@@ -567,10 +489,7 @@ async fn play(
         }
     }
     for worker in [Some(&mut a), b.as_mut()].into_iter().flatten() {
-        let status = worker.child.wait().await?;
-        if !status.success() {
-            return Err(format!("{} exited with {status}", worker.name).into());
-        }
+        worker.finish().await?;
     }
 
     let payouts = db
