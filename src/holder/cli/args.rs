@@ -258,6 +258,36 @@ pub enum Command {
         #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// Print the token this pod holds on a lease, as soon as it is granted.
+    ///
+    /// Reads the lease's status (the grant itself), where the pod's annotation
+    /// `token.fencing.dev/<lease>` reaches a downward-API file only when the kubelet next
+    /// refreshes the pod's volumes. Exits 75, printing nothing, while the pod does not hold the
+    /// lease. With --file the token is the file's whole content (empty while not held), written
+    /// atomically; with -w it is kept current until interrupted: a sidecar that gives an
+    /// unmodified workload (one whose leader election a FencedLease follows) its token in a
+    /// shared emptyDir volume. Needs get and watch on fencedleases (the holder role).
+    #[command(after_help = "Examples:
+  kubectl fence token db-migrate --pod \"$POD_NAME\"
+  kubectl fence token my-controller -w --file /var/run/fence/token   # a sidecar")]
+    Token {
+        /// The FencedLease.
+        lease: String,
+        /// The pod whose token to print.
+        #[arg(long, env = "POD_NAME", value_name = "NAME")]
+        pod: String,
+        /// That pod's UID: a pod replaced under the same name does not hold its
+        /// predecessor's lease.
+        #[arg(long, env = "POD_UID", value_name = "UID")]
+        pod_uid: Option<String>,
+        /// Write the token to this file (its whole content; empty while not held) instead of
+        /// printing it.
+        #[arg(long, value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+        /// Keep it current: print (or write) the token each time it changes.
+        #[arg(short = 'w', long)]
+        watch: bool,
+    },
     /// Print a shell completion script for `kubectl-fence` typed as one word.
     ///
     /// `kubectl fence <TAB>` needs no script: kubectl (1.26 and later) asks the executable

@@ -19,6 +19,7 @@ mod refusals;
 pub mod report;
 mod run;
 mod signals;
+mod token;
 mod watch;
 
 pub use args::{
@@ -174,6 +175,20 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 refused_exit_code,
             };
             run::run(client, &namespace, &lease, &holder, timeout, how, &command).await
+        }
+        Command::Token {
+            lease,
+            pod,
+            pod_uid,
+            file,
+            watch,
+        } => {
+            let pod = token::Pod {
+                name: pod,
+                uid: pod_uid,
+            };
+            let output = token::Output { file, watch };
+            token::token(client, &namespace, &lease, &pod, &output, timeout).await
         }
         Command::Completion { .. } => Ok(exit::OK), // answered above, offline
     }
