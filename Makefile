@@ -3,7 +3,7 @@ SHELL := bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help demo demo-follow test soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-fence bench-follow bench-guards bench-restart
+.PHONY: help demo demo-follow test test-node soak deps lint lint-rust fmt crds up down chart-sync chart-test chart-readme compat monitoring-test image krew release bench bench-admission bench-fence bench-follow bench-guards bench-restart
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -17,6 +17,9 @@ demo-follow: ## an unmodified client-go leader election fenced by a FencedLease 
 
 test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, and the compatibility suite on the oldest supported Kubernetes (hack/compat); no test that measures time runs beside a build (hack/test)
 	@hack/test
+
+test-node: ## the project's pods on a real node (hack/test-node, as root): the packaged chart with Helm (two replicas of the image, helm test, the leader deleted and frozen, uninstall), the double dividend's workers as pods with one frozen, the token's delivery to a pod's files measured; CI runs it after test
+	@hack/test-node
 
 soak: deps ## the safety suite's long profile (tests/safety/jepsen), then the PostgreSQL guard's race as long: SEED=<n> DURATION=<20m> replay or lengthen a run
 	@started=; hack/datastores status >/dev/null 2>&1 || started=1; \

@@ -1,0 +1,100 @@
+//! What the steps share: the environment hack/test-node sets, kubectl and Helm against its
+//! control plane, waiting on conditions, and a pod's cgroup freezer.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// A variable hack/test-node sets; panics naming it when it is missing.
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: the node tests run under `make test-node` (hack/test-node)")
+    })
+}
+
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `cmd`; panics with its output unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `kubectl ARGS` against the node's control plane; its stdout.
+pub fn kubectl(args: &[&str]) -> String {
+    let bin_dir = run_ok(Command::new(repo_root().join("hack/control-plane")).arg("bin-dir"));
+    let kubectl = PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl");
+    let out = run_ok(Command::new(kubectl).args(args));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `helm ARGS` (hack/helm's) against the node's control plane.
+pub fn helm(args: &[&str]) -> Output {
+    run_ok(Command::new(repo_root().join("hack/helm")).arg("helm").args(args))
+}
+
+/// Polls `check` every 100 ms until it returns `Some`; panics naming `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether the pod's containers are all Ready.
+pub fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// How many times the kubelet restarted the pod's containers.
+pub fn restarts(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum())
+}
+
+/// Freezes (or thaws) every process of the pod: its cgroup's freezer, as a stopped VM or a
+/// stop-the-world pause looks from outside. The node is this machine, cgroup v1, cgroupfs.
+pub fn freeze(uid: &str, frozen: bool) {
+    let root = Path::new("/sys/fs/cgroup/freezer/kubepods");
+    let dir = ["", "besteffort", "burstable"]
+        .iter()
+        .map(|qos| root.join(qos).join(format!("pod{uid}")))
+        .find(|d| d.is_dir())
+        .unwrap_or_else(|| panic!("no freezer cgroup for pod {uid} under {}", root.display()));
+    let state = if frozen { "FROZEN" } else { "THAWED" };
+    let file = dir.join("freezer.state");
+    std::fs::write(&file, state).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&file).is_ok_and(|s| s.trim() == state) {
+        assert!(Instant::now() < deadline, "{} never read {state}", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
