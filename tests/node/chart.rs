@@ -23,21 +23,44 @@ pub async fn install(client: &Client) {
     let chart = env("FL_NODE_CHART");
     let lease = format!("leaderElection.leaseDurationSeconds={LEADER_LEASE_SECONDS}");
     helm(&[
-        "install", RELEASE, &chart, "-n", NAMESPACE, "--create-namespace", "--wait",
-        "--timeout", "180s", "--set", &lease,
+        "install",
+        RELEASE,
+        &chart,
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "180s",
+        "--set",
+        &lease,
     ]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let running = wait_for("two Ready operator pods", Duration::from_secs(60), || async {
-        let list = pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?;
-        (list.items.iter().filter(|p| ready(p)).count() == 2).then_some(list.items)
-    })
+    let running = wait_for(
+        "two Ready operator pods",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(SELECTOR))
+                .await
+                .ok()?;
+            (list.items.iter().filter(|p| ready(p)).count() == 2).then_some(list.items)
+        },
+    )
     .await;
     for pod in &running {
         let spec = pod.spec.as_ref().expect("spec");
-        assert_eq!(spec.node_name.as_deref(), Some("fl-node"), "{}", pod.name_any());
+        assert_eq!(
+            spec.node_name.as_deref(),
+            Some("fl-node"),
+            "{}",
+            pod.name_any()
+        );
         let image = &spec.containers[0].image;
         assert!(
-            image.as_deref().is_some_and(|i| i.starts_with("ghcr.io/fenced-lease/fenced-lease-operator:")),
+            image
+                .as_deref()
+                .is_some_and(|i| i.starts_with("ghcr.io/fenced-lease/fenced-lease-operator:")),
             "the chart's default image, {image:?}"
         );
     }
@@ -51,9 +74,18 @@ pub async fn install(client: &Client) {
 /// The holder identity of the operator's leader-election Lease, once it has one.
 pub async fn leader(client: &Client) -> String {
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    wait_for("a leading operator pod", Duration::from_secs(60), || async {
-        leases.get_opt(LEADER_LEASE).await.ok()??.spec?.holder_identity
-    })
+    wait_for(
+        "a leading operator pod",
+        Duration::from_secs(60),
+        || async {
+            leases
+                .get_opt(LEADER_LEASE)
+                .await
+                .ok()??
+                .spec?
+                .holder_identity
+        },
+    )
     .await
 }
 
@@ -67,26 +99,64 @@ pub fn helm_test() {
 /// `helm uninstall` removes every object the release made and keeps the CRDs (README:
 /// "`helm uninstall` leaves them, every lease and claim and the token records").
 pub async fn uninstall_leaves_what_the_readme_says(client: &Client) {
-    helm(&["uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s"]);
+    helm(&[
+        "uninstall",
+        RELEASE,
+        "-n",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    wait_for("the operator's pods gone", Duration::from_secs(60), || async {
-        let list = pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?;
-        list.items.is_empty().then_some(())
-    })
+    wait_for(
+        "the operator's pods gone",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(SELECTOR))
+                .await
+                .ok()?;
+            list.items.is_empty().then_some(())
+        },
+    )
     .await;
     let label = format!("app.kubernetes.io/instance={RELEASE}");
     let namespaced = kubectl(&[
-        "get", "-n", NAMESPACE, "-l", &label, "-o", "name",
+        "get",
+        "-n",
+        NAMESPACE,
+        "-l",
+        &label,
+        "-o",
+        "name",
         "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,networkpolicies,poddisruptionbudgets,configmaps,secrets",
     ]);
-    assert_eq!(namespaced.trim(), "", "left in {NAMESPACE} after helm uninstall");
+    assert_eq!(
+        namespaced.trim(),
+        "",
+        "left in {NAMESPACE} after helm uninstall"
+    );
     let cluster = kubectl(&[
-        "get", "-l", &label, "-o", "name",
+        "get",
+        "-l",
+        &label,
+        "-o",
+        "name",
         "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings",
     ]);
-    assert_eq!(cluster.trim(), "", "cluster objects left after helm uninstall");
+    assert_eq!(
+        cluster.trim(),
+        "",
+        "cluster objects left after helm uninstall"
+    );
     let crds = kubectl(&[
-        "get", "crd", "fencedleases.fencing.dev", "fencedleaseclaims.fencing.dev", "-o", "name",
+        "get",
+        "crd",
+        "fencedleases.fencing.dev",
+        "fencedleaseclaims.fencing.dev",
+        "-o",
+        "name",
     ]);
     assert_eq!(crds.lines().count(), 2, "the CRDs stay: {crds}");
 }

@@ -20,13 +20,18 @@ pub async fn deleting_the_leading_pod_hands_over(client: &Client) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let old = leader(client).await;
     let started = Instant::now();
-    pods.delete(&old, &DeleteParams::default()).await.expect("delete the leading pod");
+    pods.delete(&old, &DeleteParams::default())
+        .await
+        .expect("delete the leading pod");
     let new = wait_for("another pod leading", stated_takeover(), || async {
         let now = leader(client).await;
         (now != old).then_some(now)
     })
     .await;
-    println!("deleted leading pod {old}: {new} led after {:?}", started.elapsed());
+    println!(
+        "deleted leading pod {old}: {new} led after {:?}",
+        started.elapsed()
+    );
     two_ready(&pods).await;
 }
 
@@ -45,14 +50,21 @@ pub async fn a_frozen_leader_is_replaced_then_restarted(client: &Client) {
         (now != old).then_some(now)
     })
     .await;
-    println!("froze leading pod {old}: {new} led after {:?}", started.elapsed());
+    println!(
+        "froze leading pod {old}: {new} led after {:?}",
+        started.elapsed()
+    );
     grants_a_lease(client).await;
     freeze(&uid, false);
     let thawed = Instant::now();
-    let back = wait_for("the thawed pod restarted and Ready", Duration::from_secs(60), || async {
-        let pod = pods.get(&old).await.ok()?;
-        (restarts(&pod) > restarted_before && ready(&pod)).then_some(pod)
-    })
+    let back = wait_for(
+        "the thawed pod restarted and Ready",
+        Duration::from_secs(60),
+        || async {
+            let pod = pods.get(&old).await.ok()?;
+            (restarts(&pod) > restarted_before && ready(&pod)).then_some(pod)
+        },
+    )
     .await;
     println!(
         "thawed {old}: restarted {} time(s), Ready again after {:?}",
@@ -69,10 +81,17 @@ fn stated_takeover() -> Duration {
 }
 
 async fn two_ready(pods: &Api<Pod>) {
-    wait_for("two Ready operator pods", Duration::from_secs(60), || async {
-        let list = pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?;
-        (list.items.iter().filter(|p| ready(p)).count() == 2).then_some(())
-    })
+    wait_for(
+        "two Ready operator pods",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(SELECTOR))
+                .await
+                .ok()?;
+            (list.items.iter().filter(|p| ready(p)).count() == 2).then_some(())
+        },
+    )
     .await;
 }
 
@@ -87,17 +106,27 @@ async fn grants_a_lease(client: &Client) {
         "metadata": {"name": "after-freeze"}, "spec": {"leaseDurationSeconds": 15},
     }))
     .expect("lease");
-    leases.create(&PostParams::default(), &lease).await.expect("create lease");
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("create lease");
     let claim = serde_json::from_value(json!({
         "metadata": {"name": "after-freeze"},
         "spec": {"leaseName": "after-freeze", "holderIdentity": "check"},
     }))
     .expect("claim");
-    claims.create(&PostParams::default(), &claim).await.expect("create claim");
-    wait_for("the claim granted by the new leader", Duration::from_secs(30), || async {
-        let claim = claims.get("after-freeze").await.ok()?;
-        (claim.status?.phase == Some(fenced_lease::api::ClaimPhase::Granted)).then_some(())
-    })
+    claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    wait_for(
+        "the claim granted by the new leader",
+        Duration::from_secs(30),
+        || async {
+            let claim = claims.get("after-freeze").await.ok()?;
+            (claim.status?.phase == Some(fenced_lease::api::ClaimPhase::Granted)).then_some(())
+        },
+    )
     .await;
     leases
         .delete("after-freeze", &DeleteParams::default())

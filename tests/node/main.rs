@@ -1,7 +1,7 @@
 //! On a real node (hack/node, started by `make test-node`: hack/test-node): the packaged chart
 //! installed with Helm runs the operator's image as two replicas, Ready through their probes,
 //! one leading; `helm test` passes with its own pod; the double dividend's workers run as pods,
-//! one frozen and its writes refused; a token reaches a pod's files (hack/test-node's
+//! one frozen and its writes refused, and so are a followed client-go election's replicas; a token reaches a pod's files (hack/test-node's
 //! bench-token-delivery measures how fast); deleting the leading pod hands over at once;
 //! a leader frozen past its lease is replaced, exits on thawing and is restarted by the kubelet;
 //! `helm uninstall` leaves only what the README says it keeps.
@@ -13,6 +13,7 @@
 //! as pods reach it), FL_NODE_LOG_DIR (where the measurement keeps its reports).
 
 mod chart;
+mod follow;
 mod leader;
 mod node;
 
@@ -34,6 +35,7 @@ async fn the_chart_and_the_holders_run_as_pods_on_a_real_node() {
     chart::helm_test();
     double_dividend_with_pods();
     token_delivery();
+    follow::a_frozen_leader_of_a_followed_lease_is_refused(&client).await;
     leader::deleting_the_leading_pod_hands_over(&client).await;
     leader::a_frozen_leader_is_replaced_then_restarted(&client).await;
     chart::uninstall_leaves_what_the_readme_says(&client).await;
@@ -47,7 +49,12 @@ fn double_dividend_with_pods() {
     node::kubectl(&["create", "namespace", namespace]);
     let program = PathBuf::from(env("FL_NODE_EXAMPLES")).join("double-dividend");
     let out = Command::new(&program)
-        .args(["--namespace", namespace, "--pods", &env("FL_NODE_DEMO_IMAGE")])
+        .args([
+            "--namespace",
+            namespace,
+            "--pods",
+            &env("FL_NODE_DEMO_IMAGE"),
+        ])
         .args(["--pods-postgres-url", &env("FL_NODE_POSTGRES_URL")])
         .arg("--log-dir")
         .arg(std::env::temp_dir())
@@ -76,7 +83,10 @@ fn token_delivery() {
     let status = Command::new(&program)
         .args(["--image", &env("FL_NODE_DEMO_IMAGE")])
         .args(["--sidecar-image", &env("FL_NODE_OPERATOR_IMAGE")])
-        .args(["--holder-cluster-role", &format!("{RELEASE}-fenced-lease-holder")])
+        .args([
+            "--holder-cluster-role",
+            &format!("{RELEASE}-fenced-lease-holder"),
+        ])
         .args(["--grants", "50", "--log-dir", &env("FL_NODE_LOG_DIR")])
         .status()
         .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));

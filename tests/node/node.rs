@@ -40,9 +40,35 @@ pub fn kubectl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `kubectl apply -f -` of `yaml`.
+pub fn kubectl_apply(yaml: &str) {
+    use std::io::Write;
+    let bin_dir = run_ok(Command::new(repo_root().join("hack/control-plane")).arg("bin-dir"));
+    let kubectl = PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl");
+    let mut child = Command::new(kubectl)
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl apply");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(yaml.as_bytes())
+        .expect("write");
+    assert!(
+        child.wait().expect("kubectl apply").success(),
+        "kubectl apply failed:\n{yaml}"
+    );
+}
+
 /// `helm ARGS` (hack/helm's) against the node's control plane.
 pub fn helm(args: &[&str]) -> Output {
-    run_ok(Command::new(repo_root().join("hack/helm")).arg("helm").args(args))
+    run_ok(
+        Command::new(repo_root().join("hack/helm"))
+            .arg("helm")
+            .args(args),
+    )
 }
 
 /// Polls `check` every 100 ms until it returns `Some`; panics naming `what` after `timeout`.
@@ -94,7 +120,11 @@ pub fn freeze(uid: &str, frozen: bool) {
     std::fs::write(&file, state).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(&file).is_ok_and(|s| s.trim() == state) {
-        assert!(Instant::now() < deadline, "{} never read {state}", file.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never read {state}",
+            file.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
