@@ -175,12 +175,6 @@ impl Release {
         run_ok(&mut cmd)
     }
 
-    /// The test hooks of this release (`helm test` creates them), as Helm renders them.
-    pub fn hooks(&self) -> Vec<Value> {
-        let out = run_ok(helm().args(["get", "hooks", &self.name, "-n", &self.namespace]));
-        documents(&String::from_utf8_lossy(&out.stdout))
-    }
-
     /// The objects Helm installed for this release.
     pub fn manifest(&self) -> Vec<Value> {
         let out = run_ok(helm().args(["get", "manifest", &self.name, "-n", &self.namespace]));

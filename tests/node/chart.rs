@@ -21,6 +21,13 @@ pub const LEADER_LEASE: &str = "fl-fenced-lease-operator";
 /// Ready on the node and one leads.
 pub async fn install(client: &Client) {
     let chart = env("FL_NODE_CHART");
+    let listing = crate::node::run_ok(std::process::Command::new("tar").args(["-tzf", &chart]));
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert!(
+        listing.contains("fenced-lease/templates/tests/grant.yaml\n")
+            && !listing.contains("fenced-lease/tests/"),
+        "the package holds helm test's template and not the helm-unittest suites:\n{listing}"
+    );
     let lease = format!("leaderElection.leaseDurationSeconds={LEADER_LEASE_SECONDS}");
     helm(&[
         "install",
