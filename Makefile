@@ -15,10 +15,10 @@ demo-follow: ## an unmodified client-go leader election fenced by a FencedLease 
 	@hack/deps
 	@hack/demo-follow
 
-test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, and the compatibility suite on the oldest supported Kubernetes (hack/compat); no test that measures time runs beside a build (hack/test)
+test: ## everything: lint, chart, alert rules, unit and integration tests (Rust and the Go module) against a real control plane, PostgreSQL and Redis, the compatibility suite on the oldest supported Kubernetes (hack/compat), and the pods on a real node (hack/test-node, as root); no test that measures time runs beside a build (hack/test)
 	@hack/test
 
-test-node: ## the project's pods on a real node (hack/test-node, as root): the packaged chart with Helm (two replicas of the image, helm test, the leader deleted and frozen, uninstall), the double dividend's workers as pods with one frozen, the token's delivery to a pod's files measured; CI runs it after test
+test-node: ## the project's pods on a real node (hack/test-node, as root): the packaged chart with Helm (two replicas of the image, helm test, the leader deleted and frozen, uninstall), the double dividend's workers as pods with one frozen, the token's delivery to a pod's files measured; the last step of test
 	@hack/test-node
 
 soak: deps ## the safety suite's long profile (tests/safety/jepsen), then the PostgreSQL guard's race as long: SEED=<n> DURATION=<20m> replay or lengthen a run
