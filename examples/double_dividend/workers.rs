@@ -120,6 +120,12 @@ async fn phase(pods: &Api<Pod>, name: &str) -> Option<String> {
     pods.get_opt(name).await.ok()??.status?.phase
 }
 
+/// Creates `pod`; its UID.
+async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<String> {
+    let created = pods.create(&PostParams::default(), pod).await?;
+    Ok(created.uid().ok_or("pod without a UID")?)
+}
+
 fn worker_args(launch: &Launch<'_>, name: &str) -> Vec<String> {
     [
         "--namespace",
@@ -154,11 +160,7 @@ async fn start_process(client: &Client, launch: &Launch<'_>, name: &'static str)
             "containers": [{"name": "worker", "image": "example.invalid/worker:1"}],
         },
     }))?;
-    let uid = pods
-        .create(&PostParams::default(), &pod)
-        .await?
-        .uid()
-        .ok_or("pod without a UID")?;
+    let uid = create(&pods, &pod).await?;
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
             expiration_seconds: Some(3600),
@@ -246,11 +248,7 @@ async fn start_pod(
             }],
         },
     }))?;
-    let uid = pods
-        .create(&PostParams::default(), &pod)
-        .await?
-        .uid()
-        .ok_or("pod without a UID")?;
+    let uid = create(&pods, &pod).await?;
     super::wait_until(Duration::from_secs(60), || async {
         phase(&pods, name).await.is_some_and(|p| p != "Pending")
     })

@@ -12,7 +12,7 @@ use crate::node::{env, helm, kubectl, ready, wait_for};
 use crate::{LEADER_LEASE_SECONDS, NAMESPACE, RELEASE};
 
 /// The operator's pods: the chart's selector.
-pub const SELECTOR: &str = "app.kubernetes.io/instance=fl,app.kubernetes.io/component=operator";
+const SELECTOR: &str = "app.kubernetes.io/instance=fl,app.kubernetes.io/component=operator";
 /// The operator's leader-election Lease (the chart's `--leader-election-name`).
 pub const LEADER_LEASE: &str = "fl-fenced-lease-operator";
 
@@ -43,17 +43,9 @@ pub async fn install(client: &Client) {
         &lease,
     ]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let running = wait_for(
-        "two Ready operator pods",
-        Duration::from_secs(60),
-        || async {
-            let list = pods
-                .list(&ListParams::default().labels(SELECTOR))
-                .await
-                .ok()?;
-            (list.items.iter().filter(|p| ready(p)).count() == 2).then_some(list.items)
-        },
-    )
+    let running = operator_pods(&pods, "two Ready operator pods", |p| {
+        p.iter().filter(|p| ready(p)).count() == 2
+    })
     .await;
     for pod in &running {
         let spec = pod.spec.as_ref().expect("spec");
@@ -78,21 +70,34 @@ pub async fn install(client: &Client) {
     );
 }
 
+/// The holder identity of the operator's leader-election Lease now, if it has one.
+pub async fn holder(client: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    leases
+        .get_opt(LEADER_LEASE)
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
 /// The holder identity of the operator's leader-election Lease, once it has one.
 pub async fn leader(client: &Client) -> String {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    wait_for(
-        "a leading operator pod",
-        Duration::from_secs(60),
-        || async {
-            leases
-                .get_opt(LEADER_LEASE)
-                .await
-                .ok()??
-                .spec?
-                .holder_identity
-        },
-    )
+    wait_for("a leading operator pod", Duration::from_secs(60), || {
+        holder(client)
+    })
+    .await
+}
+
+/// The operator's pods, once `wanted` holds of them (within 60 s).
+pub async fn operator_pods(pods: &Api<Pod>, what: &str, wanted: fn(&[Pod]) -> bool) -> Vec<Pod> {
+    wait_for(what, Duration::from_secs(60), || async {
+        let list = pods
+            .list(&ListParams::default().labels(SELECTOR))
+            .await
+            .ok()?;
+        wanted(&list.items).then_some(list.items)
+    })
     .await
 }
 
@@ -116,18 +121,7 @@ pub async fn uninstall_leaves_what_the_readme_says(client: &Client) {
         "120s",
     ]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    wait_for(
-        "the operator's pods gone",
-        Duration::from_secs(60),
-        || async {
-            let list = pods
-                .list(&ListParams::default().labels(SELECTOR))
-                .await
-                .ok()?;
-            list.items.is_empty().then_some(())
-        },
-    )
-    .await;
+    operator_pods(&pods, "the operator's pods gone", <[Pod]>::is_empty).await;
     let label = format!("app.kubernetes.io/instance={RELEASE}");
     let namespaced = kubectl(&[
         "get",

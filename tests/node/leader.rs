@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::chart::{SELECTOR, leader};
+use crate::chart::{holder, leader, operator_pods};
 use crate::node::{freeze, ready, restarts, wait_for};
 use crate::{LEADER_LEASE_SECONDS, NAMESPACE};
 
@@ -23,11 +23,7 @@ pub async fn deleting_the_leading_pod_hands_over(client: &Client) {
     pods.delete(&old, &DeleteParams::default())
         .await
         .expect("delete the leading pod");
-    let new = wait_for("another pod leading", stated_takeover(), || async {
-        let now = leader(client).await;
-        (now != old).then_some(now)
-    })
-    .await;
+    let new = another_leads(client, &old).await;
     println!(
         "deleted leading pod {old}: {new} led after {:?}",
         started.elapsed()
@@ -45,11 +41,7 @@ pub async fn a_frozen_leader_is_replaced_then_restarted(client: &Client) {
     let (uid, restarted_before) = (frozen.uid().expect("uid"), restarts(&frozen));
     freeze(&uid, true);
     let started = Instant::now();
-    let new = wait_for("a standby leading", stated_takeover(), || async {
-        let now = leader(client).await;
-        (now != old).then_some(now)
-    })
-    .await;
+    let new = another_leads(client, &old).await;
     println!(
         "froze leading pod {old}: {new} led after {:?}",
         started.elapsed()
@@ -74,24 +66,20 @@ pub async fn a_frozen_leader_is_replaced_then_restarted(client: &Client) {
     assert_eq!(leader(client).await, new, "the new leader kept leading");
 }
 
-/// The leader lease plus the time a standby takes to notice (it retries at a fraction of the
-/// lease) and 2 s for a busy 2-core machine.
-fn stated_takeover() -> Duration {
-    Duration::from_secs(LEADER_LEASE_SECONDS * 2 + 2)
+/// The pod that leads after `old`, within the leader lease plus the time a standby takes to
+/// notice (it retries at a fraction of the lease) and 2 s for a busy 2-core machine.
+async fn another_leads(client: &Client, old: &str) -> String {
+    let takeover = Duration::from_secs(LEADER_LEASE_SECONDS * 2 + 2);
+    wait_for("another pod leading", takeover, || async {
+        holder(client).await.filter(|now| now != old)
+    })
+    .await
 }
 
 async fn two_ready(pods: &Api<Pod>) {
-    wait_for(
-        "two Ready operator pods",
-        Duration::from_secs(60),
-        || async {
-            let list = pods
-                .list(&ListParams::default().labels(SELECTOR))
-                .await
-                .ok()?;
-            (list.items.iter().filter(|p| ready(p)).count() == 2).then_some(())
-        },
-    )
+    operator_pods(pods, "two Ready operator pods", |p| {
+        p.iter().filter(|p| ready(p)).count() == 2
+    })
     .await;
 }
 

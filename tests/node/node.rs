@@ -32,20 +32,22 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// The control plane's kubectl (KUBECONFIG names the node's control plane).
+fn kubectl_command() -> Command {
+    let bin_dir = run_ok(Command::new(repo_root().join("hack/control-plane")).arg("bin-dir"));
+    Command::new(PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl"))
+}
+
 /// `kubectl ARGS` against the node's control plane; its stdout.
 pub fn kubectl(args: &[&str]) -> String {
-    let bin_dir = run_ok(Command::new(repo_root().join("hack/control-plane")).arg("bin-dir"));
-    let kubectl = PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl");
-    let out = run_ok(Command::new(kubectl).args(args));
+    let out = run_ok(kubectl_command().args(args));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `kubectl apply -f -` of `yaml`.
 pub fn kubectl_apply(yaml: &str) {
     use std::io::Write;
-    let bin_dir = run_ok(Command::new(repo_root().join("hack/control-plane")).arg("bin-dir"));
-    let kubectl = PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl");
-    let mut child = Command::new(kubectl)
+    let mut child = kubectl_command()
         .args(["apply", "-f", "-"])
         .stdin(std::process::Stdio::piped())
         .spawn()
