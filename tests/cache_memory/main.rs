@@ -10,10 +10,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 
 use fenced_lease::api::FencedLeaseClaim;
-use fenced_lease::operator::runtime::watch::decode_event;
-use fenced_lease::operator::state::CachedClaim;
-use fenced_lease::operator::state::CachedPod;
-use fenced_lease::operator::state::cache::{Cache, map_event};
+use fenced_lease_operator::runtime::watch::decode_event;
+use fenced_lease_operator::state::CachedClaim;
+use fenced_lease_operator::state::CachedPod;
+use fenced_lease_operator::state::cache::{Cache, map_event};
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 

@@ -7,8 +7,7 @@
 //! naming it; the pod meets the restricted Pod Security profile. The packaged chart installed
 //! on a real node, its image's pods and `helm test`: tests/node (`make test-node`).
 
-#[path = "../common/mod.rs"]
-mod common;
+extern crate fenced_lease_tests as common;
 
 mod alerts;
 mod audit;
@@ -25,7 +24,7 @@ use std::time::Duration;
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLeaseClaim, token_annotation_key};
-use fenced_lease::operator::admission::shipped;
+use fenced_lease_operator::admission::shipped;
 use helm::{Release, chart_dir, documents, find, render, render_dir, render_with, run_ok};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::Pod;
@@ -843,7 +842,7 @@ async fn the_holder_cluster_role_is_all_kubectl_fence_and_the_library_need() {
     work.create_lease("db", 3);
 
     let fence = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        let out = Command::new(common::bin("kubectl-fence"))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(args)

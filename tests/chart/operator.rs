@@ -33,7 +33,7 @@ impl ChartOperator {
             })
             .collect();
         let log = std::env::temp_dir().join(format!("{namespace}-{pod_name}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fenced-lease-operator"));
+        let mut cmd = Command::new(common::bin("fenced-lease-operator"));
         cmd.args(&args)
             .env_clear()
             .env("KUBECONFIG", kubeconfig)

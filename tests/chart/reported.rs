@@ -105,7 +105,7 @@ async fn reports(ns: &TestNamespace, lease: &str) -> Vec<Event> {
 
 /// `kubectl fence ARGS` as the cluster's admin: its output.
 fn kubectl_fence(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+    let out = std::process::Command::new(common::bin("kubectl-fence"))
         .arg("--kubeconfig")
         .arg(&crate::common::control_plane().kubeconfig)
         .args(args)
@@ -386,7 +386,7 @@ async fn kubectl_fence_run_reports_the_refusal_its_command_signals() {
     let kubeconfig = ns.kubeconfig_as_pod(&pods[0]).await;
     ns.create_lease("ledger", 15);
     let run = |script: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        std::process::Command::new(common::bin("kubectl-fence"))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["-n", &ns.name, "run", "ledger", "--wait", "30s"])

@@ -6,8 +6,7 @@
 //! plane for a moment (`operator::crd_reinstall`, `operator::schema_drift`,
 //! `operator::namespaces`).
 
-#[path = "../common/mod.rs"]
-mod common;
+extern crate fenced_lease_tests as common;
 mod fence;
 mod holder;
 mod operator;

@@ -77,10 +77,7 @@ async fn readme_kubectl_fence_run_example_runs() {
     ns.create_lease("db-migrate", 15);
     let kubeconfig = ns.holder_service_account_kubeconfig("worker", true).await;
     // `kubectl fence` finds the plugin on PATH, as it would for a user.
-    let plugin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-fence"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
+    let plugin_dir = common::bin("kubectl-fence").parent().unwrap().to_path_buf();
     let kubectl_dir = common::control_plane()
         .kubectl
         .parent()

@@ -14,7 +14,7 @@ pub fn fence(ns: &TestNamespace) -> Command {
 
 /// `kubectl-fence --kubeconfig <kubeconfig> -n <namespace>`.
 pub fn fence_as(ns: &TestNamespace, kubeconfig: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubectl-fence"));
+    let mut cmd = Command::new(crate::bin("kubectl-fence"));
     cmd.arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["-n", &ns.name]);

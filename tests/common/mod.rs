@@ -36,8 +36,52 @@ pub struct ControlPlane {
     pub kubectl: PathBuf,
 }
 
+/// The repository's root (this package is its `tests/`).
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
+}
+
+/// The path of a binary of this workspace (`kubectl-fence`, `fenced-lease-operator`), in the
+/// target directory of the running test. Cargo builds a package's binaries for its own tests
+/// only, and these are in other packages: the first call builds them unless `FL_BINS_BUILT`
+/// says the caller (hack/test) has, as hack/test does (`cargo build --workspace --all-targets`:
+/// with the test targets, the features resolve as for `cargo test --test NAME`, so the build
+/// reuses the test's libraries and returns at once when the binaries are current).
+pub fn bin(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(build_bins).join(name)
+}
+
+fn build_bins() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    // target/<profile>/deps/<test>-<hash>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary under target/<profile>/deps")
+        .to_path_buf();
+    if std::env::var_os("FL_BINS_BUILT").is_none() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo_root()).args([
+            "build",
+            "--locked",
+            "--quiet",
+            "--all-features",
+            "--workspace",
+            "--all-targets",
+        ]);
+        if dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        assert!(status.success(), "{cmd:?} failed ({status})");
+    }
+    dir
 }
 
 /// The name libtest knows test `function` of module `module` by (`module_path!()`, which

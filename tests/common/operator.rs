@@ -46,7 +46,7 @@ impl OperatorProcess {
             .append(true)
             .open(&self.log)
             .expect("operator log");
-        let child = Command::new(env!("CARGO_BIN_EXE_fenced-lease-operator"))
+        let child = Command::new(crate::bin("fenced-lease-operator"))
             .args(
                 ["--operator-namespace", &self.namespace]
                     .into_iter()

@@ -9,8 +9,11 @@
 //! One test, in order: each step needs the release the first installed. Environment (set by
 //! hack/test-node): KUBECONFIG (a control plane of its own, FL_CP_SERVICE_ACCOUNTS=1),
 //! FL_NODE_CHART (the packaged chart), FL_NODE_DEMO_IMAGE, FL_NODE_OPERATOR_IMAGE,
-//! FL_NODE_EXAMPLES (the examples' binaries), FL_POSTGRES_URL, FL_NODE_POSTGRES_URL (PostgreSQL
-//! as pods reach it), FL_NODE_LOG_DIR (where the measurement keeps its reports).
+//! FL_NODE_EXAMPLES (the examples' binaries), FL_NODE_BENCH (the benchmarks'), FL_POSTGRES_URL,
+//! FL_NODE_POSTGRES_URL (PostgreSQL as pods reach it), FL_NODE_LOG_DIR (where the measurement
+//! keeps its reports).
+
+extern crate fenced_lease_tests as common;
 
 mod chart;
 mod follow;
@@ -75,11 +78,11 @@ fn double_dividend_with_pods() {
     node::kubectl(&["delete", "namespace", namespace, "--wait=false"]);
 }
 
-/// `examples/bench_token_delivery.rs`, 50 grants: a pod's token in a downward-API file and in
+/// `bench/src/bin/token_delivery.rs`, 50 grants: a pod's token in a downward-API file and in
 /// the file of a `kubectl fence token -w` sidecar (the operator's image). It prints its figures;
 /// this asserts only that every grant reached both files (the program fails otherwise).
 fn token_delivery() {
-    let program = PathBuf::from(env("FL_NODE_EXAMPLES")).join("bench-token-delivery");
+    let program = PathBuf::from(env("FL_NODE_BENCH")).join("bench-token-delivery");
     let status = Command::new(&program)
         .args(["--image", &env("FL_NODE_DEMO_IMAGE")])
         .args(["--sidecar-image", &env("FL_NODE_OPERATOR_IMAGE")])

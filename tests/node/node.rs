@@ -16,6 +16,8 @@ pub fn env(name: &str) -> String {
 
 fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
 }
 
 /// Runs `cmd`; panics with its output unless it succeeds.

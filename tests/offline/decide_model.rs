@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use fenced_lease::api::ClaimPhase;
-use fenced_lease::operator::core::decide::{ClaimView, LeaseView, Plan, PodPresence, decide};
+use fenced_lease_operator::core::decide::{ClaimView, LeaseView, Plan, PodPresence, decide};
 use proptest::prelude::*;
 
 const DURATION: Duration = Duration::from_secs(10);

@@ -3,7 +3,7 @@
 //! built for, whose `bin` is the `kubectl-fence` executable in the archive, at the URI and
 //! sha256 of that archive, with the completion helper and the license beside it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
@@ -20,10 +20,10 @@ fn run(cmd: &mut Command) -> String {
 
 /// `hack/krew` over the tests' own kubectl-fence: the archive and the rendered manifest.
 fn render() -> (PathBuf, Value) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = common::repo_root();
     let out = std::env::temp_dir().join(format!("krew-manifest-{}", std::process::id()));
     run(Command::new(root.join("hack/krew"))
-        .env("KREW_BIN", env!("CARGO_BIN_EXE_kubectl-fence"))
+        .env("KREW_BIN", common::bin("kubectl-fence"))
         .env("KREW_OUT", &out)
         .env_remove("TAG"));
     let text = std::fs::read_to_string(out.join("fence.yaml")).expect("fence.yaml");
@@ -113,10 +113,10 @@ fn the_rendered_manifest_installs_the_archive_it_names() {
 
 #[test]
 fn a_release_tag_is_what_the_manifest_names() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = common::repo_root();
     let out = std::env::temp_dir().join(format!("krew-tag-{}", std::process::id()));
     run(Command::new(root.join("hack/krew"))
-        .env("KREW_BIN", env!("CARGO_BIN_EXE_kubectl-fence"))
+        .env("KREW_BIN", common::bin("kubectl-fence"))
         .env("KREW_OUT", &out)
         .env("TAG", "v9.8.7"));
     let text = std::fs::read_to_string(out.join("fence.yaml")).unwrap();

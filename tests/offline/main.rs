@@ -2,6 +2,8 @@
 //! logic's model, the krew manifest, the runs the tree names, and the safety suite's checker on
 //! synthetic histories. `make test` runs them before the control plane is up.
 
+extern crate fenced_lease_tests as common;
+
 mod crd_yaml;
 mod decide_model;
 mod jepsen_checker;

@@ -39,7 +39,7 @@ fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 
 #[test]
 fn every_run_the_tree_names_exists() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = common::repo_root();
     let mut all = vec![];
     files(root, &mut all);
     let mut missing = vec![];
@@ -81,7 +81,7 @@ fn a_run_name_ends_where_its_characters_do() {
 
 #[test]
 fn the_index_of_runs_lists_every_run() {
-    let runs = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/runs");
+    let runs = common::repo_root().join("bench/runs");
     let index = std::fs::read_to_string(runs.join("README.md")).expect("bench/runs/README.md");
     let unlisted: Vec<String> = std::fs::read_dir(&runs)
         .expect("bench/runs")

@@ -4,8 +4,7 @@
 //! time (`cargo test --test timed -- holder::outage::`): a few restart the control plane
 //! (`operator::control_plane_restart`, `holder::control_plane_restart`).
 
-#[path = "../common/mod.rs"]
-mod common;
+extern crate fenced_lease_tests as common;
 mod fence;
 mod holder;
 mod operator;

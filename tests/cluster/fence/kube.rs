@@ -14,7 +14,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, api_error_message, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, TOKEN_ANNOTATION};
 use fenced_lease::fence::{self, kube::stamp_patch};
-use fenced_lease::operator::admission::shipped;
+use fenced_lease_operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };

@@ -5,9 +5,7 @@ mod identity;
 mod kube;
 mod plain_controller;
 mod policy_scope;
-#[cfg(feature = "postgres")]
 mod postgres;
-#[cfg(feature = "redis")]
 mod redis;
 mod security;
 mod writers;

@@ -35,7 +35,7 @@ async fn replica(ns: &TestNamespace, pod: &TestPod, log: &Path, pid_file: &Path)
     );
     let script = repo_root().join("examples/plain_controller.sh");
     let out = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+    Command::new(common::bin("kubectl-fence"))
         .args([
             "run",
             "plain-controller",

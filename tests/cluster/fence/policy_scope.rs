@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
-use fenced_lease::operator::admission::shipped;
+use fenced_lease_operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };

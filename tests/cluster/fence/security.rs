@@ -27,7 +27,7 @@ use common::operator::OperatorProcess;
 use common::pods::TestPod;
 use common::{TestNamespace, control_plane, repo_root, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
-use fenced_lease::operator::admission::shipped;
+use fenced_lease_operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;

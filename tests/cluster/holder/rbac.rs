@@ -35,7 +35,7 @@ async fn the_holder_role_is_enough_for_everything_a_holder_does() {
     assert_eq!(guard.token().expect("still held after renewals"), token);
     guard.release().await.expect("release with the holder role");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+    let out = Command::new(common::bin("kubectl-fence"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args([
@@ -61,7 +61,7 @@ async fn the_holder_role_is_enough_for_everything_a_holder_does() {
         .expect("run prints the token");
     assert!(next > token, "{next} after {token}");
     for args in [&["status", "db"][..], &["list"]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        let out = Command::new(common::bin("kubectl-fence"))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(args)
@@ -93,7 +93,7 @@ async fn without_the_role_a_holder_is_told_it_is_forbidden() {
     .expect_err("no permissions");
     assert!(matches!(err, Error::Forbidden { .. }), "{err:?}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+    let out = Command::new(common::bin("kubectl-fence"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["run", "db", "--wait", "5s", "--", "true"])

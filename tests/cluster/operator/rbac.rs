@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::operator::OperatorProcess;
 use common::{TestNamespace, repo_root, wait_for};
 use fenced_lease::api::{FencedLease, FencedLeaseClaim, token_annotation_key};
-use fenced_lease::operator::admission::shipped;
+use fenced_lease_operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;

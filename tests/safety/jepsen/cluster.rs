@@ -242,8 +242,8 @@ impl Cluster {
             .expect("insert row");
         }
 
-        let operator = pin_binary(env!("CARGO_BIN_EXE_fenced-lease-operator"), run_dir);
-        let kubectl_fence = pin_binary(env!("CARGO_BIN_EXE_kubectl-fence"), run_dir);
+        let operator = pin_binary(common::bin("fenced-lease-operator"), run_dir);
+        let kubectl_fence = pin_binary(common::bin("kubectl-fence"), run_dir);
         let go_holder = build_go_holder(run_dir);
         let (grants, _) = broadcast::channel(1024);
         let mut cluster = Cluster {
@@ -785,15 +785,15 @@ fn build_go_holder(run_dir: &Path) -> PathBuf {
     out
 }
 
-fn pin_binary(binary: &str, run_dir: &Path) -> PathBuf {
-    let source = Path::new(binary);
+fn pin_binary(source: PathBuf, run_dir: &Path) -> PathBuf {
+    let binary = source.display();
     let dir = run_dir.join("bin");
     std::fs::create_dir_all(&dir).expect("bin dir");
     let pinned = dir.join(source.file_name().expect("a file name"));
-    if std::fs::hard_link(source, &pinned).is_err() {
-        std::fs::copy(source, &pinned).expect("copy the binary");
+    if std::fs::hard_link(&source, &pinned).is_err() {
+        std::fs::copy(&source, &pinned).expect("copy the binary");
     }
-    let ours = env!("CARGO_MANIFEST_DIR");
+    let ours = common::repo_root().to_str().expect("a UTF-8 path");
     let built_here = std::process::Command::new("grep")
         .args(["-qaF", ours])
         .arg(&pinned)

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fenced_lease::api::FencedLease;
-use fenced_lease::operator::admission::shipped;
+use fenced_lease_operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;

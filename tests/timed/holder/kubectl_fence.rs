@@ -278,7 +278,7 @@ async fn exit_codes_say_what_went_wrong() {
 #[test]
 fn every_command_has_help_with_an_example() {
     for command in ["status", "list", "acquire", "release", "run"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_kubectl-fence"))
+        let out = Command::new(common::bin("kubectl-fence"))
             .args([command, "--help"])
             .output()
             .expect("help");
@@ -769,11 +769,8 @@ async fn completion_offers_commands_formats_and_the_namespaces_leases() {
     ns.create_claim("waiter", "nightly", None).await;
     ns.create_claim("other", "db-migrate", None).await;
     let kubectl = &common::control_plane().kubectl;
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-fence"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let scripts = common::repo_root().join("src/holder/cli/completion");
+    let bin = common::bin("kubectl-fence").parent().unwrap().to_path_buf();
+    let scripts = common::repo_root().join("crates/kubectl-fence/src/completion");
     let path = std::env::join_paths(
         [bin, scripts, kubectl.parent().unwrap().to_path_buf()]
             .into_iter()

@@ -271,7 +271,7 @@ async fn on_a_terminal_cmd_gets_it_and_ctrl_z_and_ctrl_c_work() {
     let fence_cmd = format!(
         "echo $$ > {fence_pid}; exec {bin} --kubeconfig {kc} -n {ns} run db --wait 30s -- bash -c {cmd}",
         fence_pid = fence_pidfile.display(),
-        bin = env!("CARGO_BIN_EXE_kubectl-fence"),
+        bin = common::bin("kubectl-fence").display(),
         kc = ns.admin_kubeconfig().display(),
         ns = ns.name,
         cmd = shell_quote(&cmd),

@@ -16,7 +16,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
 use fenced_lease::holder::{AcquireOptions, acquire};
-use fenced_lease::operator::reconcile::token_records;
+use fenced_lease_operator::reconcile::token_records;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -225,7 +225,7 @@ async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_c
                     .finalizers
                     .iter()
                     .flatten()
-                    .any(|f| f == fenced_lease::operator::reconcile::token_records::FINALIZER)
+                    .any(|f| f == fenced_lease_operator::reconcile::token_records::FINALIZER)
             }))
         .then_some(())
     })
