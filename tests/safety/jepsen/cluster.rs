@@ -47,7 +47,7 @@ pub const LEASES: [(&str, i32); 4] = [("a", 1), ("b", 2), ("c", 3), (FOLLOWING, 
 pub const FOLLOWING: &str = "f";
 pub const FOLLOWED: &str = "f-election";
 /// Holder processes per lease: the Rust library's, `kubectl fence run`'s, and the Go library's
-/// (`go/internal/jepsenholder`): one through package lease, one through package lock with
+/// (`go/internal/cmd/jepsenholder`): one through package lease, one through package lock with
 /// client-go's elector (`-mode=lock`, as controller-runtime's manager holds it).
 pub const LIBRARY_HOLDERS: usize = 2;
 pub const CLI_HOLDERS: usize = 1;
@@ -766,21 +766,21 @@ impl Cluster {
 /// A hard link to `binary` in the run directory, so that the whole run uses the binary it
 /// started with, whatever rebuilds `target/` meanwhile (a long run outlasts many builds);
 /// warns when the binary was not built from this source tree (a shared target directory).
-/// Builds the Go library's holder (`go/internal/jepsenholder`) into the run's `bin/`, with the
+/// Builds the Go library's holder (`go/internal/cmd/jepsenholder`) into the run's `bin/`, with the
 /// Go toolchain `hack/control-plane` uses (it fetches one if none is installed).
 fn build_go_holder(run_dir: &Path) -> PathBuf {
     let root = crate::common::repo_root();
     let out = run_dir.join("bin").join("jepsenholder");
     let status = std::process::Command::new("bash")
         .arg("-c")
-        .arg(r#"PATH="$("$1/hack/control-plane" go-bin-dir):$PATH" GOTOOLCHAIN=local go build -o "$2" ./internal/jepsenholder"#)
+        .arg(r#"PATH="$("$1/hack/control-plane" go-bin-dir):$PATH" GOTOOLCHAIN=local go build -o "$2" ./internal/cmd/jepsenholder"#)
         .args(["build-go-holder", &root.display().to_string(), &out.display().to_string()])
         .current_dir(root.join("go"))
         .status()
         .expect("run go build");
     assert!(
         status.success(),
-        "go build of go/internal/jepsenholder failed ({status})"
+        "go build of go/internal/cmd/jepsenholder failed ({status})"
     );
     out
 }

@@ -1,5 +1,5 @@
 //! A Jepsen-style safety suite: holders (the Rust library, `kubectl fence run` around a small
-//! writer, and the Go library: `go/internal/jepsenholder`, through package lease and through
+//! writer, and the Go library: `go/internal/cmd/jepsenholder`, through package lease and through
 //! package lock with client-go's elector), each process a pod of its own, contend on short
 //! leases; and client-go leaders of a coordination Lease that lease `f` follows
 //! (`jepsenholder -mode=follow`) write while client-go says they lead. They write their tokens

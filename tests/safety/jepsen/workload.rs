@@ -6,7 +6,7 @@
 //!
 //! Each lease fences one workload kind of the run's namespace as a whole (`spec.fence` with no
 //! selector, since a `scale` carries no labels): lease `a` Deployments, `b` StatefulSets, `c`
-//! ReplicaSets, `f` DaemonSets (written by its client-go leaders, `go/internal/jepsenholder`
+//! ReplicaSets, `f` DaemonSets (written by its client-go leaders, `go/internal/cmd/jepsenholder`
 //! in `-mode=follow`; a DaemonSet has no scale). No controller acts on them (the control plane runs none), so their replicas
 //! are numbers only. The object `jepsen-<lease>` always exists; `jepsen-<lease>-scratch` is
 //! deleted and created again.
