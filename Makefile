@@ -93,17 +93,17 @@ down: ## stop the local control plane and remove its data
 bench: deps ## BENCHMARKS.md's tables in one run (not part of test; BENCH_* options: see hack/bench)
 	@hack/bench
 
-bench-admission: deps ## only the admission objects' cost at 0/1,000/10,000 fenced leases (bench/src/bin/admission.rs; BENCH_ADMISSION_SIZES, see hack/bench)
+bench-admission: deps ## only the admission objects' cost at 0/1,000/10,000 fenced leases (bench-admission; BENCH_ADMISSION_SIZES, see hack/bench)
 	@BENCH_ONLY=admission hack/bench
 
-bench-fence: deps ## only the fences: the lease rules' window after a grant, guarded PostgreSQL and Redis writes beside unguarded ones (bench/src/bin/fence.rs, with hack/datastores)
+bench-fence: deps ## only the fences: the lease rules' window after a grant, guarded PostgreSQL and Redis writes beside unguarded ones (bench-fence, with hack/datastores)
 	@BENCH_ONLY=fence hack/bench
 
-bench-guards: ## only what a guard that fences a scope costs, beside the same writes unguarded (bench/src/bin/guards.rs; PostgreSQL and Redis, no control plane)
+bench-guards: ## only what a guard that fences a scope costs, beside the same writes unguarded (bench-guards; PostgreSQL and Redis, no control plane)
 	@hack/deps
 	@BENCH_ONLY=guards hack/bench
 
-bench-follow: deps ## only the window of a lease that follows a coordination Lease, beside the operator-free window (bench/src/bin/follow.rs; BENCH_FOLLOW_CHANGES)
+bench-follow: deps ## only the window of a lease that follows a coordination Lease, beside the operator-free window (bench-follow; BENCH_FOLLOW_CHANGES)
 	@BENCH_ONLY=follow hack/bench
 
 bench-restart: deps ## only the restart window: fenced writes admitted again after 20 apiserver and 10 etcd restarts, beside writes no fence matches (bench/restart_window.sh; a control plane of its own)
