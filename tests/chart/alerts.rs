@@ -102,25 +102,13 @@ fn refusals_in_audit_log(namespace: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prometheus() {
-    let _serial = crate::OPERATORS.lock().await;
-    let ns = TestNamespace::new("alert").await;
-    audit::log_path(); // the audit log on before anything of this test is written
-    ns.with_fence_policies().await;
-    let op = OperatorProcess::start(&ns.name, &[]);
-    let groups = chart_rule_groups(&ns.name);
-    let prometheus = Prometheus::start(&ns.name, &groups, Some(op.http_port().await)).await;
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    ns.kubectl_apply("apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {name: books}\nspec: {leaseDurationSeconds: 3, fenceObjects: true}\n");
-    ns.create_claim("pa", "books", Some("pa")).await;
-    let first = wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    let beat = ns.keep_beating("pa", Duration::from_secs(1));
-    ns.create_claim("pb", "books", Some("pb")).await;
-    let _waiting = ns.keep_beating("pb", Duration::from_secs(1));
-
-    // The holder writes, as often as it likes: no alert.
-    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(&pods[0]).await, &ns.name);
+/// The holder pa writes ConfigMap ledger with its token `first`, as often as it likes: no
+/// alert, pending or firing, over 8 scrapes.
+async fn the_holders_writes_fire_nothing(
+    prometheus: &Prometheus,
+    as_pa: &Api<ConfigMap>,
+    first: i64,
+) {
     let ledger = fenced_config_map("ledger", "books", &first.to_string(), "pa 1");
     wait_for("the holder pa's first write", WAIT, || async {
         as_pa.create(&PostParams::default(), &ledger).await.ok()
@@ -128,7 +116,7 @@ async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prome
     .await;
     let evaluations = |n: u32| format!("count_over_time(up{{job=\"apiserver\"}}[1h]) >= {n}");
     for i in 0..5 {
-        write_as(&as_pa, first, &format!("pa {i}"))
+        write_as(as_pa, first, &format!("pa {i}"))
             .await
             .expect("the holder's write");
         tokio::time::sleep(INTERVAL).await;
@@ -151,25 +139,20 @@ async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prome
         json!([]),
         "{ALERT} was pending or firing with no write refused"
     );
+}
 
-    // pa pauses past its term: pb is granted.
-    drop(beat);
-    let second = wait_for("pb granted after pa's term", WAIT, || {
-        ns.granted_token("pb")
-    })
-    .await;
-    // pa resumes and writes with its old token until the apiserver, whose cache of the lease
-    // may lag the grant a moment (I11), refuses it.
-    let refusal = wait_for("pa's stale write refused", WAIT, || async {
-        write_as(&as_pa, first, "pa stale").await.err()
-    })
-    .await;
-    let refused_at = Instant::now();
-    assert_eq!(refusal.0, 403, "pa's stale write: {refusal:?}");
-
+/// pa's write with token `first`, refused at `refused_at` while pb holds `second`: the
+/// critical alert fires within [`BOUND`] naming the policy, the audit log names the pod, the
+/// lease and both tokens, and the dashboard's panel shows it.
+async fn assert_alerted_and_audited(
+    prometheus: &Prometheus,
+    ns: &TestNamespace,
+    (first, second): (i64, i64),
+    refused_at: Instant,
+) {
     let policy = "fenced-lease-lease-token";
     let alert = wait_for(&format!("{ALERT} firing"), BOUND, || {
-        firing(&prometheus, policy)
+        firing(prometheus, policy)
     })
     .await;
     eprintln!(
@@ -199,5 +182,42 @@ async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prome
         "the dashboard's panel does not show the refusal: {:?}",
         prometheus.query(&panel).await
     );
+}
+
+#[tokio::test]
+async fn a_paused_holders_refused_write_fires_the_critical_alert_in_a_real_prometheus() {
+    let _serial = crate::OPERATORS.lock().await;
+    let ns = TestNamespace::new("alert").await;
+    audit::log_path(); // the audit log on before anything of this test is written
+    ns.with_fence_policies().await;
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let groups = chart_rule_groups(&ns.name);
+    let prometheus = Prometheus::start(&ns.name, &groups, Some(op.http_port().await)).await;
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    ns.kubectl_apply("apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {name: books}\nspec: {leaseDurationSeconds: 3, fenceObjects: true}\n");
+    ns.create_claim("pa", "books", Some("pa")).await;
+    let first = wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
+    let beat = ns.keep_beating("pa", Duration::from_secs(1));
+    ns.create_claim("pb", "books", Some("pb")).await;
+    let _waiting = ns.keep_beating("pb", Duration::from_secs(1));
+
+    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(&pods[0]).await, &ns.name);
+    the_holders_writes_fire_nothing(&prometheus, &as_pa, first).await;
+
+    // pa pauses past its term: pb is granted.
+    drop(beat);
+    let second = wait_for("pb granted after pa's term", WAIT, || {
+        ns.granted_token("pb")
+    })
+    .await;
+    // pa resumes and writes with its old token until the apiserver, whose cache of the lease
+    // may lag the grant a moment (I11), refuses it.
+    let refusal = wait_for("pa's stale write refused", WAIT, || async {
+        write_as(&as_pa, first, "pa stale").await.err()
+    })
+    .await;
+    let refused_at = Instant::now();
+    assert_eq!(refusal.0, 403, "pa's stale write: {refusal:?}");
+    assert_alerted_and_audited(&prometheus, &ns, (first, second), refused_at).await;
     drop(prometheus);
 }

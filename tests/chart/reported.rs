@@ -8,6 +8,7 @@
 //! other test (the apiserver's counters) are told apart by their labels.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use crate::alerts::{chart_rule_groups, dashboard_query};
 use crate::common::fence::datastores;
 use crate::common::operator::OperatorProcess;
 use crate::common::prometheus::Prometheus;
-use crate::common::{TestNamespace, client_from_kubeconfig, wait_for};
+use crate::common::{Beating, TestNamespace, client_from_kubeconfig, wait_for};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -177,51 +178,49 @@ async fn set_balance(
     scope.set(&mut conn, &key, "100", token).await
 }
 
-#[tokio::test]
-async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_alert() {
-    let _serial = crate::OPERATORS.lock().await;
-    let ns = TestNamespace::new("reported").await;
-    ns.with_fence_policies().await; // refusal-reports.yaml among them
-    let op = OperatorProcess::start(&ns.name, &[]);
-    let groups = chart_rule_groups(&ns.name);
-    let prometheus = Prometheus::start(&ns.name, &groups, Some(op.http_port().await)).await;
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    for lease in ["payouts", "balances"] {
-        ns.kubectl_apply(&format!("apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {{name: {lease}}}\nspec: {{leaseDurationSeconds: 3}}\n"));
+/// pa holding `lease` in a runtime of its own, writing with `write` (see [`paused_holder`]):
+/// its thread, what resumes it and what says its token once it has written.
+struct PausedHolder {
+    lease: &'static str,
+    thread: std::thread::JoinHandle<Stale>,
+    resume: mpsc::Sender<()>,
+    granted: mpsc::Receiver<i64>,
+}
+
+fn pa_holds<W, F>(
+    kubeconfig: &Path,
+    ns: &TestNamespace,
+    lease: &'static str,
+    write: W,
+) -> PausedHolder
+where
+    W: Fn(i64) -> F + Send + 'static,
+    F: Future<Output = Result<(), FenceError>>,
+{
+    let (granted, token) = mpsc::channel();
+    let (resume, resumed) = mpsc::channel();
+    let thread = paused_holder(
+        kubeconfig.to_path_buf(),
+        ns.name.clone(),
+        lease,
+        write,
+        granted,
+        resumed,
+    );
+    PausedHolder {
+        lease,
+        thread,
+        resume,
+        granted: token,
     }
-    let g = guards().await;
+}
 
-    // pa holds both leases, each in a runtime of its own, and writes.
-    let kubeconfig = ns.kubeconfig_as_pod(&pods[0]).await;
-    let (pg_granted, pg_token) = mpsc::channel();
-    let (pg_resume, pg_resumed) = mpsc::channel();
-    let table = g.table.clone();
-    let pg_holder = paused_holder(
-        kubeconfig.clone(),
-        ns.name.clone(),
-        "payouts",
-        move |token| pay(table.clone(), token),
-        pg_granted,
-        pg_resumed,
-    );
-    let (redis_granted, redis_token) = mpsc::channel();
-    let (redis_resume, redis_resumed) = mpsc::channel();
-    let scope = g.redis.clone();
-    let redis_holder = paused_holder(
-        kubeconfig,
-        ns.name.clone(),
-        "balances",
-        move |token| set_balance(scope.clone(), token),
-        redis_granted,
-        redis_resumed,
-    );
-    let first = |rx: mpsc::Receiver<i64>| rx.recv_timeout(WAIT).expect("pa's first write");
-    let (pg_first, redis_first) = (first(pg_token), first(redis_token));
-
-    // Both pa's runtimes are paused now: pb is granted each lease after pa's term, and writes.
+/// pb is granted each lease after pa's term, and writes; it keeps heartbeating while the
+/// returned beats live. Returns its tokens of payouts and balances.
+async fn pb_holds_both_and_writes(ns: &TestNamespace, g: &Guards) -> (i64, i64, [Beating; 2]) {
     ns.create_claim("pb-payouts", "payouts", Some("pb")).await;
     ns.create_claim("pb-balances", "balances", Some("pb")).await;
-    let _beats = [
+    let beats = [
         ns.keep_beating("pb-payouts", Duration::from_secs(1)),
         ns.keep_beating("pb-balances", Duration::from_secs(1)),
     ];
@@ -237,9 +236,12 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
     set_balance(g.redis.clone(), redis_second)
         .await
         .expect("pb sets the balance");
+    (pg_second, redis_second, beats)
+}
 
-    // No alert before a refusal (pa's first writes were accepted; pb writes), over several
-    // evaluations.
+/// No alert before a refusal (pa's first writes were accepted; pb writes), over several
+/// evaluations.
+async fn assert_no_alert_yet(prometheus: &Prometheus, ns: &TestNamespace) {
     let scrapes = "count_over_time(up{job=\"fenced-lease-operator\"}[1h]) >= 5";
     wait_for(
         "Prometheus to scrape the operator 5 times",
@@ -257,60 +259,83 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
         serde_json::json!([]),
         "{ALERT} with no write refused"
     );
+}
 
-    // pa resumes, writes with its old tokens: both guards refuse, the library reports.
-    pg_resume.send(()).unwrap();
-    redis_resume.send(()).unwrap();
-    let mut resumed = Vec::new();
-    for (lease, holder, presented, highest) in [
-        ("payouts", pg_holder, pg_first, pg_second),
-        ("balances", redis_holder, redis_first, redis_second),
-    ] {
-        let stale = tokio::task::spawn_blocking(move || holder.join().unwrap())
-            .await
-            .unwrap();
-        assert_eq!(stale.token, presented);
-        assert_eq!(
-            stale.refusal,
-            Ok(Some(Refusal::NewerHolder)),
-            "pa's stale write under {lease}"
-        );
-        resumed.push((lease, stale.resumed_at, presented, highest));
+/// A stale write of pa refused by a guard: under which lease, when pa resumed, the token it
+/// presented and the highest one the guard had seen.
+struct Refused {
+    lease: &'static str,
+    resumed_at: Instant,
+    presented: i64,
+    highest: i64,
+}
+
+/// pa, resumed, wrote with its old token (`first`) after `second` was granted: the guard
+/// refused, and the library told it was a newer holder's (and reported it).
+async fn refused_once_resumed(pa: PausedHolder, first: i64, second: i64) -> Refused {
+    let thread = pa.thread;
+    let stale = tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(stale.token, first);
+    assert_eq!(
+        stale.refusal,
+        Ok(Some(Refusal::NewerHolder)),
+        "pa's stale write under {}",
+        pa.lease
+    );
+    Refused {
+        lease: pa.lease,
+        resumed_at: stale.resumed_at,
+        presented: first,
+        highest: second,
     }
-    for (lease, resumed_at, presented, highest) in resumed {
-        let alert = wait_for(&format!("{ALERT} firing for {lease}"), BOUND, || {
-            firing(&prometheus, &ns.name, lease)
-        })
-        .await;
-        eprintln!(
-            "{ALERT} firing {:.1} s after pa resumed: {alert}",
-            resumed_at.elapsed().as_secs_f64()
-        );
-        assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
-        let events = reports(&ns, lease).await;
-        let [event] = &events[..] else {
-            panic!("one WriteRefused Event on {lease}: {events:?}");
-        };
-        assert_eq!(event.reporting_instance.as_deref(), Some("pa"), "{event:?}");
-        let note = event.note.clone().unwrap_or_default();
-        let tokens = format!("token {presented} is lower than {highest}");
-        assert!(
-            note.contains(&tokens),
-            "{lease}'s Event does not give both tokens: {note}"
-        );
-        // What the on-call types first: the lease's status names the last refusal.
-        let status = kubectl_fence(&["status", lease, "-n", &ns.name]);
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("Refused:"))
-            .unwrap_or_else(|| panic!("no Refused line in status:\n{status}"));
-        assert!(
-            line.contains("once; last")
-                && line.contains("pa was refused")
-                && line.contains(&tokens),
-            "{line}"
-        );
-    }
+}
+
+/// The refusal `r` fires the critical alert within [`BOUND`], as one WriteRefused Event from
+/// pa with both tokens, which `kubectl fence status` shows.
+async fn assert_alerted_and_reported(prometheus: &Prometheus, ns: &TestNamespace, r: &Refused) {
+    let Refused {
+        lease,
+        resumed_at,
+        presented,
+        highest,
+    } = *r;
+    let alert = wait_for(&format!("{ALERT} firing for {lease}"), BOUND, || {
+        firing(prometheus, &ns.name, lease)
+    })
+    .await;
+    eprintln!(
+        "{ALERT} firing {:.1} s after pa resumed: {alert}",
+        resumed_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+    let events = reports(ns, lease).await;
+    let [event] = &events[..] else {
+        panic!("one WriteRefused Event on {lease}: {events:?}");
+    };
+    assert_eq!(event.reporting_instance.as_deref(), Some("pa"), "{event:?}");
+    let note = event.note.clone().unwrap_or_default();
+    let tokens = format!("token {presented} is lower than {highest}");
+    assert!(
+        note.contains(&tokens),
+        "{lease}'s Event does not give both tokens: {note}"
+    );
+    // What the on-call types first: the lease's status names the last refusal.
+    let status = kubectl_fence(&["status", lease, "-n", &ns.name]);
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("Refused:"))
+        .unwrap_or_else(|| panic!("no Refused line in status:\n{status}"));
+    assert!(
+        line.contains("once; last") && line.contains("pa was refused") && line.contains(&tokens),
+        "{line}"
+    );
+}
+
+/// The operator counts the refusals in one series per lease, and the dashboard's panel, as
+/// Grafana would ask with this namespace and every lease chosen, shows both.
+async fn assert_counted_and_shown(prometheus: &Prometheus, ns: &TestNamespace) {
     let counted = prometheus
         .query(&format!(
             "fenced_lease_write_refusals_reported_total{{namespace=\"{}\"}}",
@@ -323,7 +348,6 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
         Some(2),
         "one series per lease: {counted}"
     );
-    // The dashboard's panel, as Grafana would ask with this namespace and every lease chosen.
     let panel = dashboard_query("Writes refused, as the holders reported them")
         .replace("$namespace", &ns.name)
         .replace("$lease", ".*");
@@ -334,6 +358,50 @@ async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_ale
             prometheus.query(&panel).await
         );
     }
+}
+
+#[tokio::test]
+async fn a_paused_holders_refusals_by_postgresql_and_redis_fire_the_critical_alert() {
+    let _serial = crate::OPERATORS.lock().await;
+    let ns = TestNamespace::new("reported").await;
+    ns.with_fence_policies().await; // refusal-reports.yaml among them
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let groups = chart_rule_groups(&ns.name);
+    let prometheus = Prometheus::start(&ns.name, &groups, Some(op.http_port().await)).await;
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    for lease in ["payouts", "balances"] {
+        ns.kubectl_apply(&format!("apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata: {{name: {lease}}}\nspec: {{leaseDurationSeconds: 3}}\n"));
+    }
+    let g = guards().await;
+
+    // pa holds both leases, each in a runtime of its own, and writes.
+    let kubeconfig = ns.kubeconfig_as_pod(&pods[0]).await;
+    let table = g.table.clone();
+    let pg = pa_holds(&kubeconfig, &ns, "payouts", move |token| {
+        pay(table.clone(), token)
+    });
+    let scope = g.redis.clone();
+    let redis = pa_holds(&kubeconfig, &ns, "balances", move |token| {
+        set_balance(scope.clone(), token)
+    });
+    let first = |pa: &PausedHolder| pa.granted.recv_timeout(WAIT).expect("pa's first write");
+    let (pg_first, redis_first) = (first(&pg), first(&redis));
+
+    // Both pa's runtimes are paused now: pb is granted each lease after pa's term, and writes.
+    let (pg_second, redis_second, _beats) = pb_holds_both_and_writes(&ns, &g).await;
+    assert_no_alert_yet(&prometheus, &ns).await;
+
+    // pa resumes, writes with its old tokens: both guards refuse, the library reports.
+    pg.resume.send(()).unwrap();
+    redis.resume.send(()).unwrap();
+    let refused = [
+        refused_once_resumed(pg, pg_first, pg_second).await,
+        refused_once_resumed(redis, redis_first, redis_second).await,
+    ];
+    for r in &refused {
+        assert_alerted_and_reported(&prometheus, &ns, r).await;
+    }
+    assert_counted_and_shown(&prometheus, &ns).await;
     drop(prometheus);
 }
 
