@@ -1,33 +1,23 @@
 //! The writer pods of the I11 windows: Pending pods (no kubelet) of ServiceAccount `writer`,
-//! and clients with tokens bound to them, as a pod mounts. A probe is a dry-run create (which
-//! admission checks like a real one): refused by an admission policy, or accepted.
+//! and clients with tokens bound to them, as a pod mounts ([`crate::pod_client`]). A probe is a
+//! dry-run create (which admission checks like a real one): refused by an admission policy, or
+//! accepted; [`until`] probes until the answer changes.
 
-use std::fmt::Display;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::Config;
 use kube::api::{Api, PostParams};
-use kube::config::AuthInfo;
 use serde_json::json;
 
-use crate::common::{Res, fail};
+use crate::cluster::within;
+use crate::objects::dry_run;
+use crate::pod_client::{PodRef, pod_client};
+use crate::{Res, fail};
 
-/// `fut` within `timeout`; its error or the timeout named by `what`.
-async fn within<T, E: Display>(
-    timeout: Duration,
-    what: impl Display,
-    fut: impl Future<Output = Result<T, E>>,
-) -> Res<T> {
-    match tokio::time::timeout(timeout, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => fail(format!("{what}: {e}")),
-        Err(_) => fail(format!("{what}: no answer within {timeout:?}")),
-    }
-}
+/// The ServiceAccount the writer pods run as.
+pub const WRITER_ACCOUNT: &str = "writer";
 
 /// ServiceAccount `writer` may create ConfigMaps in `ns`; pods `writer-a` and `writer-b` run as
 /// it (Pending: no kubelet). Their names and UIDs.
@@ -93,38 +83,17 @@ pub async fn writer_clients(
     probe: ConfigMap,
     timeout: Duration,
 ) -> Res<Vec<WriterPod>> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let mut writers = vec![];
     for (name, uid) in pods {
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(name.clone()),
-                    uid: Some(uid.clone()),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
+        let pod = PodRef {
+            namespace: ns,
+            name,
+            uid,
+            service_account: WRITER_ACCOUNT,
         };
-        let pp = PostParams::default();
-        let issued: TokenRequest = within(
-            timeout,
-            format!("token for pod {name}"),
-            accounts.create_subresource("token", "writer", &pp, &request),
-        )
-        .await?;
-        let token = issued
-            .status
-            .map(|s| s.token)
-            .ok_or("a TokenRequest without a token")?;
-        let mut config = Config::infer().await?;
-        config.auth_info = serde_json::from_value::<AuthInfo>(json!({ "token": token }))?;
         writers.push(WriterPod {
             name: name.clone(),
-            configmaps: Api::namespaced(fenced_lease::client::client(config)?, ns),
+            configmaps: Api::namespaced(pod_client(client, pod, timeout).await?, ns),
             probe: probe.clone(),
             timeout,
         });
@@ -135,10 +104,7 @@ pub async fn writer_clients(
 impl WriterPod {
     /// A dry-run create of the probe as this pod: whether an admission policy refused it.
     pub async fn refused(&self) -> Res<bool> {
-        let dry_run = PostParams {
-            dry_run: true,
-            ..Default::default()
-        };
+        let dry_run = dry_run();
         let create = self.configmaps.create(&dry_run, &self.probe);
         match tokio::time::timeout(self.timeout, create).await {
             Ok(Ok(_)) => Ok(false),
@@ -155,6 +121,30 @@ impl WriterPod {
                 "a write by pod {}: no answer within {:?}",
                 self.name, self.timeout
             )),
+        }
+    }
+}
+
+/// Probes with `check` until it answers true: how long after `started` that answer came, and
+/// how many probes it took. Fails with `gave_up(probes)` once `timeout` has passed.
+pub async fn until<F, Fut>(
+    started: Instant,
+    timeout: Duration,
+    mut check: F,
+    gave_up: impl FnOnce(usize) -> String,
+) -> Res<(Duration, usize)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Res<bool>>,
+{
+    let mut probes = 0;
+    loop {
+        probes += 1;
+        if check().await? {
+            return Ok((started.elapsed(), probes));
+        }
+        if started.elapsed() > timeout {
+            return fail(gave_up(probes));
         }
     }
 }

@@ -10,8 +10,9 @@
 //! in a namespace the operator does not serve), so that the difference is the operator's part.
 //! Both leases fence labelled ConfigMaps (`spec.fenceObjects`: the one policy binding every
 //! namespace shares), and the probes are dry-run creates of such a ConfigMap stamped with the
-//! largest token (so that only the identity rule refuses them), as the old holder's pod (Pending pods, tokens bound to them, as a pod mounts). Also reported: from the
-//! same Lease write to the first accepted write of the new holder's pod.
+//! largest token (so that only the identity rule refuses them), as the old holder's pod
+//! (Pending pods, tokens bound to them, as a pod mounts). Also reported: from the same Lease
+//! write to the first accepted write of the new holder's pod.
 //!
 //! ```console
 //! $ eval "$(hack/control-plane up)"
@@ -21,23 +22,23 @@
 //!
 //! `make bench` runs it (section `follow`); every sample goes to `--log-dir`.
 
-use fenced_lease_bench::common;
-use fenced_lease_bench::writers;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use common::*;
 use fenced_lease::api::{FencedLease, LEASE_LABEL, MAX_TOKEN, TOKEN_ANNOTATION};
+use fenced_lease_bench::cluster::{cleanup, namespace};
+use fenced_lease_bench::figures::{Results, ms};
+use fenced_lease_bench::operator::Operator;
+use fenced_lease_bench::writers::{WriterPod, until, writer_clients, writer_pods};
+use fenced_lease_bench::{Res, fail};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use writers::{WriterPod, writer_clients, writer_pods};
 
 #[derive(Parser)]
 struct Args {
@@ -154,12 +155,11 @@ async fn run(client: &Client, args: &Args, followed_ns: &str, direct_ns: &str) -
                     name_holder(client, side, new, token).await?
                 }
             };
-            let (refused, probes) = until(started, timeout, || side.writers[old].refused()).await?;
-            let accepted = until(started, timeout, || async {
-                Ok(!side.writers[new].refused().await?)
-            })
-            .await?
-            .0;
+            let gave_up = |probes| format!("no change within {timeout:?} ({probes} probes)");
+            let refused = || side.writers[old].refused();
+            let (refused, probes) = until(started, timeout, refused, gave_up).await?;
+            let accepted = || async { Ok(!side.writers[new].refused().await?) };
+            let accepted = until(started, timeout, accepted, gave_up).await?.0;
             let to = &side.pods[new].0;
             writeln!(
                 file,
@@ -225,23 +225,4 @@ async fn name_holder(client: &Client, side: &Side, to: usize, token: i64) -> Res
         .patch_status(FENCED, &PatchParams::default(), &Patch::Merge(&status))
         .await?;
     Ok(Instant::now())
-}
-
-/// Probes with `check` until it answers true: how long after `started` that answer came, and
-/// how many probes it took.
-async fn until<F, Fut>(started: Instant, timeout: Duration, mut check: F) -> Res<(Duration, usize)>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Res<bool>>,
-{
-    let mut probes = 0;
-    loop {
-        probes += 1;
-        if check().await? {
-            return Ok((started.elapsed(), probes));
-        }
-        if started.elapsed() > timeout {
-            return fail(format!("no change within {timeout:?} ({probes} probes)"));
-        }
-    }
 }

@@ -16,14 +16,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use fenced_lease::fence::postgres::{Scope, begin};
+use fenced_lease_bench::Res;
+use fenced_lease_bench::datastores::{postgres, postgres_url, redis_connection};
+use fenced_lease_bench::figures::{Results, ms_each};
 use futures::SinkExt;
-use tokio_postgres::{Client, NoTls};
-
-use fenced_lease_bench::common;
-
-use common::Results;
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use tokio_postgres::Client;
 
 #[derive(Parser)]
 struct Args {
@@ -46,18 +43,8 @@ struct Args {
 
 const SECTION: &str = "guards";
 
-fn ms(samples: &[Duration]) -> Vec<f64> {
-    samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
-}
-
-async fn connect(url: &str) -> Result<Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
 /// Two ledgers: `<name>_fenced` bound to a scope of its own, `<name>_plain` not.
-async fn ledgers(db: &Client) -> Result<(String, String, Scope)> {
+async fn ledgers(db: &Client) -> Res<(String, String, Scope)> {
     let name = format!("bench_{:08x}", rand::random::<u32>());
     let (fenced, plain) = (format!("{name}_fenced"), format!("{name}_plain"));
     for t in [&fenced, &plain] {
@@ -72,11 +59,11 @@ async fn ledgers(db: &Client) -> Result<(String, String, Scope)> {
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> Res<()> {
     let args = Args::parse();
     let results = Results::new(args.results.clone());
-    let url = std::env::var("FL_POSTGRES_URL").map_err(|_| "FL_POSTGRES_URL is not set")?;
-    let mut db = connect(&url).await?;
+    let url = postgres_url()?;
+    let mut db = postgres(&url).await?;
     let (fenced, plain, scope) = ledgers(&db).await?;
     single_writes(&mut db, &fenced, &plain, args.writes, &results).await?;
     copies(&mut db, &fenced, &plain, args.copies, &results).await?;
@@ -93,7 +80,7 @@ async fn single_writes(
     plain: &str,
     writes: usize,
     results: &Results,
-) -> Result<()> {
+) -> Res<()> {
     let token = 1_i64;
     let insert =
         |t: &str| format!("INSERT INTO {t} (account, amount, fence_token) VALUES ($1, 1, $2)");
@@ -127,16 +114,23 @@ async fn single_writes(
         SECTION,
         pg,
         "INSERT, the token in the row, guarded",
-        &ms(&guarded),
+        &ms_each(&guarded),
         "ms",
         "a table bound to a scope",
     );
-    results.samples(SECTION, pg, "INSERT, unguarded", &ms(&unguarded), "ms", "");
+    results.samples(
+        SECTION,
+        pg,
+        "INSERT, unguarded",
+        &ms_each(&unguarded),
+        "ms",
+        "",
+    );
     results.samples(
         SECTION,
         pg,
         "transaction of one INSERT, guarded",
-        &ms(&guarded_tx),
+        &ms_each(&guarded_tx),
         "ms",
         "BEGIN, SET LOCAL fenced_lease.token, INSERT, COMMIT",
     );
@@ -144,7 +138,7 @@ async fn single_writes(
         SECTION,
         pg,
         "transaction of one INSERT, unguarded",
-        &ms(&unguarded_tx),
+        &ms_each(&unguarded_tx),
         "ms",
         "BEGIN, INSERT, COMMIT",
     );
@@ -152,7 +146,7 @@ async fn single_writes(
 }
 
 /// `COPY` of 10,000 rows into `table` in one transaction (presenting `token` if some).
-async fn copy(db: &mut Client, table: &str, token: Option<i64>) -> Result<Duration> {
+async fn copy(db: &mut Client, table: &str, token: Option<i64>) -> Res<Duration> {
     let rows: String = (0..10_000).map(|i| format!("{i}\t1\n")).collect();
     let started = Instant::now();
     let tx = db.transaction().await?;
@@ -180,7 +174,7 @@ async fn copies(
     plain: &str,
     n: usize,
     results: &Results,
-) -> Result<()> {
+) -> Res<()> {
     let (mut guarded, mut unguarded) = (Vec::new(), Vec::new());
     for _ in 0..n {
         guarded.push(copy(db, fenced, Some(1)).await?);
@@ -191,7 +185,7 @@ async fn copies(
         SECTION,
         pg,
         "COPY of 10,000 rows, guarded",
-        &ms(&guarded),
+        &ms_each(&guarded),
         "ms",
         "one check for the statement",
     );
@@ -199,7 +193,7 @@ async fn copies(
         SECTION,
         pg,
         "COPY of 10,000 rows, unguarded",
-        &ms(&unguarded),
+        &ms_each(&unguarded),
         "ms",
         "",
     );
@@ -208,12 +202,12 @@ async fn copies(
 
 /// Inserts per second of 16 connections inserting into `table` for `seconds`, each write
 /// carrying `token` in the row.
-async fn throughput(url: &str, table: &str, seconds: u64) -> Result<f64> {
+async fn throughput(url: &str, table: &str, seconds: u64) -> Res<f64> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut writers = Vec::new();
     for w in 0..16_i64 {
-        let db = connect(url).await?;
+        let db = postgres(url).await?;
         let (stop, done) = (stop.clone(), done.clone());
         let insert = db
             .prepare(&format!(
@@ -244,7 +238,7 @@ async fn concurrent(
     plain: &str,
     seconds: u64,
     results: &Results,
-) -> Result<()> {
+) -> Res<()> {
     // Two rounds each way, alternated.
     let (mut guarded, mut unguarded) = (0.0, 0.0);
     for _ in 0..2 {
@@ -281,14 +275,8 @@ async fn concurrent(
 
 /// A new holder's first write, started while the old holder's transaction is open past its
 /// check: how long after the old transaction commits the new write completes.
-async fn handovers(
-    url: &str,
-    fenced: &str,
-    scope: &Scope,
-    n: usize,
-    results: &Results,
-) -> Result<()> {
-    let (mut old, mut new) = (connect(url).await?, connect(url).await?);
+async fn handovers(url: &str, fenced: &str, scope: &Scope, n: usize, results: &Results) -> Res<()> {
+    let (mut old, mut new) = (postgres(url).await?, postgres(url).await?);
     let mut token = scope.highest(&old).await?.unwrap_or(0) + 1;
     let insert = format!("INSERT INTO {fenced} (account, amount) VALUES (0, 1)");
     let mut after_commit = Vec::new();
@@ -316,18 +304,15 @@ async fn handovers(
         SECTION,
         "PostgreSQL",
         "new holder's first write, after the old holder's commit",
-        &ms(&after_commit),
+        &ms_each(&after_commit),
         "ms",
         "it waits for the old holder's open transaction (held 20 ms), then writes",
     );
     Ok(())
 }
 
-async fn redis_writes(writes: usize, results: &Results) -> Result<()> {
-    let url = std::env::var("FL_REDIS_URL").map_err(|_| "FL_REDIS_URL is not set")?;
-    let mut conn = redis::Client::open(url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
+async fn redis_writes(writes: usize, results: &Results) -> Res<()> {
+    let mut conn = redis_connection().await?;
     let scope =
         fenced_lease::fence::redis::Scope::new(&format!("bench-{:08x}", rand::random::<u32>()))?;
     let (key, plain) = (scope.key("payouts"), scope.key("plain"));
@@ -354,7 +339,7 @@ async fn redis_writes(writes: usize, results: &Results) -> Result<()> {
         SECTION,
         "Redis",
         "RPUSH on a key of a scope, guarded",
-        &ms(&guarded),
+        &ms_each(&guarded),
         "ms",
         "FCALL fenced_call",
     );
@@ -362,7 +347,7 @@ async fn redis_writes(writes: usize, results: &Results) -> Result<()> {
         SECTION,
         "Redis",
         "RPUSH, unguarded",
-        &ms(&unguarded),
+        &ms_each(&unguarded),
         "ms",
         "",
     );

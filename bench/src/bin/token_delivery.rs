@@ -9,7 +9,7 @@
 //! reports are kept in `--log-dir`.
 //!
 //! ```console
-//! $ cargo build --all-features --example bench-token-delivery
+//! $ cargo build --all-features --bin bench-token-delivery
 //! $ bench-token-delivery --image localhost/fenced-lease-demo:dev \
 //!     --sidecar-image ghcr.io/fenced-lease/fenced-lease-operator:0.2.0 \
 //!     --holder-cluster-role fl-fenced-lease-holder --grants 50
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use fenced_lease::api::{FencedLease, TOKEN_ANNOTATION_PREFIX};
 use fenced_lease::holder::{AcquireOptions, acquire};
+use fenced_lease_bench::cluster::create_namespace;
 use futures::{AsyncBufReadExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -147,13 +148,11 @@ async fn measure(args: &Args) -> Result<()> {
     );
     let client = Client::try_default().await?;
     let namespace = format!("bench-token-{:08x}", rand::random::<u32>());
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))?;
-    namespaces.create(&PostParams::default(), &ns).await?;
+    create_namespace(&client, &namespace).await?;
     let outcome = run(&client, &namespace, image, sidecar_image, role, args).await;
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), &namespace);
     let _ = leases.delete(LEASE, &DeleteParams::default()).await;
-    let _ = namespaces
+    let _ = Api::<Namespace>::all(client.clone())
         .delete(&namespace, &DeleteParams::default())
         .await;
     outcome
