@@ -161,47 +161,49 @@ async fn annotated(ns: &TestNamespace, pod: &TestPod, token: Option<i64>) {
     .await;
 }
 
-#[tokio::test]
-async fn the_holder_of_a_followed_lease_is_its_leases_holder_and_nobody_else() {
-    let ns = TestNamespace::new("follow").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
-    let (ca, cb) = (ns.client_as_pod(pa).await, ns.client_as_pod(pb).await);
-    let out = ns.kubectl_apply(FENCED);
-    assert!(out.status.success(), "{}", both(&out));
+/// The identity pa leads under, as controller-runtime names it: `<hostname>_<uuid>`.
+const PA: &str = "pa_2f9c6d4e-0b1a-4c8e-9d11-5e7f00a1b2c3";
 
-    // No Lease yet: nobody holds, and the condition says which Lease is awaited.
-    let waiting = lease_when(&ns, "LeaseNotFound", |l| held_reason(l) == "LeaseNotFound").await;
-    assert!(held_by(&waiting).is_none());
-    nobody_writes(&ns, &ca, &cb, "no write before the Lease exists").await;
+/// The namespace, its two pods and a client as each.
+struct Pods<'a> {
+    ns: &'a TestNamespace,
+    pa: &'a TestPod,
+    pb: &'a TestPod,
+    ca: Client,
+    cb: Client,
+}
 
-    // pa leads, as controller-runtime names it: <hostname>_<uuid>.
-    elect(&ns, "pa_2f9c6d4e-0b1a-4c8e-9d11-5e7f00a1b2c3", 0).await;
-    let t1 = granted(&ns, pa, 0).await;
-    annotated(&ns, pa, Some(t1)).await;
-    let refused = only_writer(&ns, &ca, &cb, "only pa writes").await;
+/// pa leads, then pb takes over by client-go's rules (a new identity, one more transition):
+/// each is the only writer and carries the token. Returns pb's token.
+async fn pa_leads_then_pb(p: &Pods<'_>) -> i64 {
+    let ns = p.ns;
+    elect(ns, PA, 0).await;
+    let t1 = granted(ns, p.pa, 0).await;
+    annotated(ns, p.pa, Some(t1)).await;
+    let refused = only_writer(ns, &p.ca, &p.cb, "only pa writes").await;
     assert!(
         refused.contains("pod pb does not hold FencedLease"),
         "{refused}"
     );
 
-    // pb takes over, by client-go's rules: a new identity, one more transition.
-    elect(&ns, "pb_7a0e1f2d-3c4b-4a5d-8e6f-708192a3b4c5", 1).await;
-    let t2 = granted(&ns, pb, t1).await;
-    only_writer(&ns, &cb, &ca, "only pb writes").await;
-    annotated(&ns, pb, Some(t2)).await;
-    annotated(&ns, pa, None).await;
+    elect(ns, "pb_7a0e1f2d-3c4b-4a5d-8e6f-708192a3b4c5", 1).await;
+    let t2 = granted(ns, p.pb, t1).await;
+    only_writer(ns, &p.cb, &p.ca, "only pb writes").await;
+    annotated(ns, p.pb, Some(t2)).await;
+    annotated(ns, p.pa, None).await;
+    t2
+}
 
-    // An identity that names no pod: nobody holds, and a Warning names the identity.
-    elect(&ns, "node-7.example.internal", 2).await;
-    let lost = lease_when(&ns, "HolderPodNotFound", |l| {
+/// An identity that names no pod: nobody holds, and a Warning names the identity.
+async fn an_identity_naming_no_pod_holds_nothing(p: &Pods<'_>) {
+    let ns = p.ns;
+    elect(ns, "node-7.example.internal", 2).await;
+    let lost = lease_when(ns, "HolderPodNotFound", |l| {
         held_reason(l) == "HolderPodNotFound"
     })
     .await;
     assert!(held_by(&lost).is_none());
-    nobody_writes(&ns, &ca, &cb, "no write while the holder names no pod").await;
+    nobody_writes(ns, &p.ca, &p.cb, "no write while the holder names no pod").await;
     wait_for("a HolderPodNotFound Event", WAIT, || async {
         let events = ns.api::<Event>().list(&Default::default()).await.ok()?;
         events
@@ -216,35 +218,29 @@ async fn the_holder_of_a_followed_lease_is_its_leases_holder_and_nobody_else() {
             .then_some(())
     })
     .await;
+}
 
-    // Released (client-go's ReleaseOnCancel writes an empty identity): nobody holds.
-    elect(&ns, "", 2).await;
-    lease_when(&ns, "Free", |l| {
-        held_reason(l) == "Free" && held_by(l).is_none()
-    })
-    .await;
-
-    // pa again, a new term: a new token above every earlier one.
-    elect(&ns, "pa_2f9c6d4e-0b1a-4c8e-9d11-5e7f00a1b2c3", 3).await;
-    let t3 = granted(&ns, pa, t2).await;
-    only_writer(&ns, &ca, &cb, "pa writes again").await;
-
-    // The Lease deleted, then created again under the same holder and count: another object,
-    // another term, a higher token.
+/// The Lease deleted, then created again under the same holder and count: another object,
+/// another term, a token above `above`, which this returns. Nobody writes in between.
+async fn a_recreated_lease_is_a_new_term(p: &Pods<'_>, above: i64) -> i64 {
+    let ns = p.ns;
     ns.api::<Lease>()
         .delete("ctrl", &DeleteParams::default())
         .await
         .expect("delete Lease");
-    lease_when(&ns, "LeaseNotFound after the deletion", |l| {
+    lease_when(ns, "LeaseNotFound after the deletion", |l| {
         held_reason(l) == "LeaseNotFound"
     })
     .await;
-    nobody_writes(&ns, &ca, &cb, "no write while the Lease is gone").await;
-    elect(&ns, "pa_2f9c6d4e-0b1a-4c8e-9d11-5e7f00a1b2c3", 3).await;
-    let t4 = granted(&ns, pa, t3).await;
+    nobody_writes(ns, &p.ca, &p.cb, "no write while the Lease is gone").await;
+    elect(ns, PA, 3).await;
+    granted(ns, p.pa, above).await
+}
 
-    // The FencedLease deleted and created again: its tokens continue above the last.
-    let leases = ns.api::<FencedLease>();
+/// The FencedLease deleted and created again: its tokens continue above `above`; returns the
+/// new one.
+async fn a_recreated_fenced_lease_continues_its_tokens(p: &Pods<'_>, above: i64) -> i64 {
+    let leases = p.ns.api::<FencedLease>();
     leases
         .delete("fenced", &DeleteParams::default())
         .await
@@ -253,11 +249,14 @@ async fn the_holder_of_a_followed_lease_is_its_leases_holder_and_nobody_else() {
         leases.get_opt("fenced").await.ok()?.is_none().then_some(())
     })
     .await;
-    let out = ns.kubectl_apply(FENCED);
+    let out = p.ns.kubectl_apply(FENCED);
     assert!(out.status.success(), "{}", both(&out));
-    let t5 = granted(&ns, pa, t4).await;
+    granted(p.ns, p.pa, above).await
+}
 
-    // Claims of a following lease are refused, and say why.
+/// Claims of a following lease are refused, and say why; once following stops, pa's hold
+/// ends and a claim is granted above `last`, every token issued.
+async fn claims_wait_until_it_stops_following(ns: &TestNamespace, last: i64) {
     let claim: FencedLeaseClaim = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
         "metadata": {"name": "c1", "annotations": {"fencing.dev/created-by": "admin"}},
@@ -278,18 +277,17 @@ async fn the_holder_of_a_followed_lease_is_its_leases_holder_and_nobody_else() {
     .await;
     assert_eq!(refused.code, 403, "{refused:?}");
 
-    // Following stops: pa's hold ends, and a claim is granted above every token issued.
     let unfollow = json!({"spec": {"follow": null}});
-    leases
+    ns.api::<FencedLease>()
         .patch("fenced", &PatchParams::default(), &Patch::Merge(&unfollow))
         .await
         .expect("stop following");
-    lease_when(&ns, "pa's hold ended", |l| held_by(l).is_none()).await;
+    lease_when(ns, "pa's hold ended", |l| held_by(l).is_none()).await;
     claims
         .create(&PostParams::default(), &claim)
         .await
         .expect("a claim of a lease that no longer follows");
-    let lease = lease_when(&ns, "the claim granted", |l| {
+    let lease = lease_when(ns, "the claim granted", |l| {
         let status = l.status.as_ref();
         status
             .and_then(|s| s.holder.as_ref())
@@ -297,5 +295,48 @@ async fn the_holder_of_a_followed_lease_is_its_leases_holder_and_nobody_else() {
     })
     .await;
     let t6 = lease.status.unwrap().fencing_token;
-    assert!(t6 > t5, "token {t6} after {t5}");
+    assert!(t6 > last, "token {t6} after {last}");
+}
+
+#[tokio::test]
+async fn the_holder_of_a_followed_lease_is_its_leases_holder_and_nobody_else() {
+    let ns = TestNamespace::new("follow").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    let (ca, cb) = (ns.client_as_pod(pa).await, ns.client_as_pod(pb).await);
+    let p = Pods {
+        ns: &ns,
+        pa,
+        pb,
+        ca,
+        cb,
+    };
+    let out = ns.kubectl_apply(FENCED);
+    assert!(out.status.success(), "{}", both(&out));
+
+    // No Lease yet: nobody holds, and the condition says which Lease is awaited.
+    let waiting = lease_when(&ns, "LeaseNotFound", |l| held_reason(l) == "LeaseNotFound").await;
+    assert!(held_by(&waiting).is_none());
+    nobody_writes(&ns, &p.ca, &p.cb, "no write before the Lease exists").await;
+
+    let t2 = pa_leads_then_pb(&p).await;
+    an_identity_naming_no_pod_holds_nothing(&p).await;
+
+    // Released (client-go's ReleaseOnCancel writes an empty identity): nobody holds.
+    elect(&ns, "", 2).await;
+    lease_when(&ns, "Free", |l| {
+        held_reason(l) == "Free" && held_by(l).is_none()
+    })
+    .await;
+
+    // pa again, a new term: a new token above every earlier one.
+    elect(&ns, PA, 3).await;
+    let t3 = granted(&ns, pa, t2).await;
+    only_writer(&ns, &p.ca, &p.cb, "pa writes again").await;
+
+    let t4 = a_recreated_lease_is_a_new_term(&p, t3).await;
+    let t5 = a_recreated_fenced_lease_continues_its_tokens(&p, t4).await;
+    claims_wait_until_it_stops_following(&ns, t5).await;
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::cli::{both, fence_as};
 use common::operator::OperatorProcess;
 use common::pods::TestPod;
-use common::{TestNamespace, wait_for};
+use common::{Beating, TestNamespace, wait_for};
 use fenced_lease::api::FencedLeaseClaim;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -106,42 +106,40 @@ spec:
       - {resource: configmaps}
 "#;
 
-#[tokio::test]
-async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
-    let ns = TestNamespace::new("fence-identity").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
-    let out = ns.kubectl_apply(BOOKS);
-    assert!(out.status.success(), "{}", both(&out));
-
-    // pa holds first, then stalls: its claim stops beating and expires; pb, queued, is granted.
-    claim_as_pod(&ns, pa, "books").await;
+/// pa holds `books` first, then stalls: its claim stops beating and expires; pb, queued, is
+/// granted. Returns both tokens, and pb's heartbeat.
+async fn pb_takes_over_from_pa(
+    ns: &TestNamespace,
+    pa: &TestPod,
+    pb: &TestPod,
+) -> (i64, i64, Beating) {
+    claim_as_pod(ns, pa, "books").await;
     let ta = wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    claim_as_pod(&ns, pb, "books").await;
+    claim_as_pod(ns, pb, "books").await;
     let beat = ns.keep_beating("pb", Duration::from_millis(500));
     let tb = wait_for("pb granted once pa expires", WAIT, || {
         ns.granted_token("pb")
     })
     .await;
     assert!(tb > ta);
+    (ta, tb, beat)
+}
 
-    let as_pa = ns.kubeconfig_as_pod(pa).await;
-    let as_pb = ns.kubeconfig_as_pod(pb).await;
-    // pb writes a Deployment and a ConfigMap stamped with its token, once the apiserver's
-    // cache shows it as the holder (the identity rule reads the lease through an informer).
+/// pb writes a Deployment and a ConfigMap stamped with its token `tb`, once the apiserver's
+/// cache shows it as the holder (the identity rule reads the lease through an informer), and
+/// an unlabelled ConfigMap.
+async fn the_holder_writes_its_objects(ns: &TestNamespace, as_pb: &Path, tb: i64) {
     let deployment = DEPLOYMENT.replace("TOKEN", &tb.to_string());
     wait_for("pb's Deployment accepted", WAIT, || async {
-        kubectl_as(&ns, &as_pb, "apply -f -", Some(&deployment))
+        kubectl_as(ns, as_pb, "apply -f -", Some(&deployment))
             .status
             .success()
             .then_some(())
     })
     .await;
     let out = kubectl_as(
-        &ns,
-        &as_pb,
+        ns,
+        as_pb,
         "apply -f -",
         Some(&stamped_config_map("ledger", tb, "pb")),
     );
@@ -151,8 +149,8 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         both(&out)
     );
     let out = kubectl_as(
-        &ns,
-        &as_pb,
+        ns,
+        as_pb,
         "create configmap plain --from-literal=x=pb",
         None,
     );
@@ -161,8 +159,16 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         "pb creates an unlabelled ConfigMap: {}",
         both(&out)
     );
+}
 
-    // The stale pod, with plain kubectl and its own token.
+/// The stale pod pa (token `ta`, pb holds `tb`), with plain kubectl and its own token: every
+/// write is refused, and nothing of it gets through.
+async fn every_write_of_the_stale_pod_is_refused(
+    ns: &TestNamespace,
+    as_pa: &Path,
+    ta: i64,
+    tb: i64,
+) {
     // What is written, the command, and its stdin.
     let attempts = [
         ("a patch stamped with its old token", format!(r#"patch configmap ledger --type=merge -p {{"metadata":{{"annotations":{{"fencing.dev/token":"{ta}"}}}},"data":{{"x":"pa"}}}}"#), None),
@@ -180,7 +186,7 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         ("a delete of the Deployment", "delete deployment web".into(), None),
     ];
     for (what, command, stdin) in &attempts {
-        let out = kubectl_as(&ns, &as_pa, command, stdin.as_deref());
+        let out = kubectl_as(ns, as_pa, command, stdin.as_deref());
         let text = both(&out);
         assert!(
             !out.status.success(),
@@ -204,8 +210,10 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         assert_eq!(cm.data.unwrap()["x"], x, "{name} was changed");
     }
     assert!(cms.get_opt("pa-new").await.unwrap().is_none());
+}
 
-    // The holder's own patch, status patch and scale pass.
+/// The holder's own patch, status patch and scale pass.
+fn the_holders_writes_pass(ns: &TestNamespace, as_pb: &Path) {
     for (what, command) in [
         (
             "patch",
@@ -217,25 +225,28 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         ),
         ("scale", "scale deployment web --replicas=2"),
     ] {
-        let out = kubectl_as(&ns, &as_pb, command, None);
+        let out = kubectl_as(ns, as_pb, command, None);
         assert!(
             out.status.success(),
             "the holder's {what} was refused: {}",
             both(&out)
         );
     }
+}
 
-    // A writer that is no pod (the admin here) meets the token rule only.
+/// A writer that is no pod (the admin here) meets the token rule only: a write without a
+/// token passes, one stamped with the old token `ta` is refused.
+fn a_writer_that_is_no_pod_meets_the_token_rule_only(ns: &TestNamespace, ta: i64, tb: i64) {
     let admin = ns.admin_kubeconfig().to_path_buf();
     let out = kubectl_as(
-        &ns,
+        ns,
         &admin,
         r#"patch configmap plain --type=merge -p {"data":{"x":"admin"}}"#,
         None,
     );
     assert!(out.status.success(), "{}", both(&out));
     let out = kubectl_as(
-        &ns,
+        ns,
         &admin,
         "apply -f -",
         Some(&stamped_config_map("ledger", ta, "admin")),
@@ -246,8 +257,11 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
             && text.contains(&format!("fencing.dev/token {ta} is lower than {tb}")),
         "a stamped write with the old token: {text}"
     );
+}
 
-    // Once pb releases, nobody holds the lease: every pod is refused.
+/// Once pb releases (its heartbeat `beat` stopped, its claim deleted), nobody holds the lease:
+/// every pod is refused.
+async fn once_released_nobody_holds(ns: &TestNamespace, as_pb: &Path, beat: Beating) {
     drop(beat);
     ns.api::<FencedLeaseClaim>()
         .delete("pb", &DeleteParams::default())
@@ -255,8 +269,8 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
         .unwrap();
     let text = wait_for("pb refused once it released", WAIT, || async {
         let out = kubectl_as(
-            &ns,
-            &as_pb,
+            ns,
+            as_pb,
             r#"patch configmap plain --type=merge -p {"data":{"x":"pb-late"}}"#,
             None,
         );
@@ -267,17 +281,28 @@ async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
 }
 
 #[tokio::test]
-async fn a_claim_belongs_to_the_pod_that_made_it() {
-    let ns = TestNamespace::new("claim-pod").await;
+async fn a_stale_holder_pod_is_refused_every_write_and_the_holder_is_not() {
+    let ns = TestNamespace::new("fence-identity").await;
     ns.with_fence_policies().await;
     let _op = OperatorProcess::start(&ns.name, &[]);
-    ns.create_lease("books", 30);
     let pods = ns.app_pods(&["pa", "pb"]).await;
     let (pa, pb) = (&pods[0], &pods[1]);
-    claim_as_pod(&ns, pa, "books").await;
-    let token = wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
+    let out = ns.kubectl_apply(BOOKS);
+    assert!(out.status.success(), "{}", both(&out));
+    let (ta, tb, beat) = pb_takes_over_from_pa(&ns, pa, pb).await;
 
-    let claim = ns.api::<FencedLeaseClaim>().get("pa").await.unwrap();
+    let as_pa = ns.kubeconfig_as_pod(pa).await;
+    let as_pb = ns.kubeconfig_as_pod(pb).await;
+    the_holder_writes_its_objects(&ns, &as_pb, tb).await;
+    every_write_of_the_stale_pod_is_refused(&ns, &as_pa, ta, tb).await;
+    the_holders_writes_pass(&ns, &as_pb);
+    a_writer_that_is_no_pod_meets_the_token_rule_only(&ns, ta, tb);
+    once_released_nobody_holds(&ns, &as_pb, beat).await;
+}
+
+/// The claim pa made records pa's name and UID.
+async fn assert_made_by_pod(ns: &TestNamespace, claim: &str, pa: &TestPod) {
+    let claim = ns.api::<FencedLeaseClaim>().get(claim).await.unwrap();
     let annotations = claim.metadata.annotations.unwrap_or_default();
     assert_eq!(
         annotations.get("fencing.dev/created-by-pod-uid"),
@@ -289,12 +314,20 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
             .map(String::as_str),
         Some("pa")
     );
+}
 
-    // pb: the same ServiceAccount, another pod.
+/// A patch that renews a claim now.
+fn renewal() -> serde_json::Value {
+    json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}})
+}
+
+/// pb (the same ServiceAccount, another pod) can neither renew nor release pa's claim, nor can
+/// the ServiceAccount's token bound to no pod; a creator that is not a pod cannot pass itself
+/// off as one.
+async fn no_other_pod_renews_or_releases(ns: &TestNamespace, pa: &TestPod, pb: &TestPod) {
     let as_pb: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
-    let beat = json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}});
     let renew = as_pb
-        .patch("pa", &PatchParams::default(), &Patch::Merge(&beat))
+        .patch("pa", &PatchParams::default(), &Patch::Merge(&renewal()))
         .await;
     let release = as_pb.delete("pa", &DeleteParams::default()).await.map(drop);
     // The same ServiceAccount's token, bound to no pod, is not the pod either.
@@ -316,7 +349,6 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
             "{what}: {message}"
         );
     }
-    // A creator that is not a pod cannot pass itself off as one.
     let forged: FencedLeaseClaim = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
         "metadata": {"name": "forged", "annotations": {"fencing.dev/created-by-pod-uid": pb.uid, "fencing.dev/created-by-pod": "pb"}},
@@ -326,10 +358,16 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
     let (code, message) =
         common::api_error_message(unbound.create(&PostParams::default(), &forged).await);
     assert_eq!(code, 403, "{message}");
+}
 
-    // kubectl fence release --all, run in pb: pa's claim is refused and stays.
+/// kubectl fence release --all, run in pb: pa's claim is refused and stays, with `token`.
+async fn kubectl_fence_release_in_another_pod_is_refused(
+    ns: &TestNamespace,
+    pb: &TestPod,
+    token: i64,
+) {
     let pb_kubeconfig = ns.kubeconfig_as_pod(pb).await;
-    let out = fence_as(&ns, &pb_kubeconfig)
+    let out = fence_as(ns, &pb_kubeconfig)
         .args(["release", "books", "--all"])
         .output()
         .unwrap();
@@ -344,11 +382,13 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
         Some(token),
         "pb changed nothing"
     );
+}
 
-    // pa itself renews; deleting pod pa releases its claim (the garbage collector).
+/// pa itself renews; deleting pod pa releases its claim (the garbage collector).
+async fn the_owner_renews_and_its_deletion_releases(ns: &TestNamespace, pa: &TestPod) {
     let as_pa: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
     as_pa
-        .patch("pa", &PatchParams::default(), &Patch::Merge(&beat))
+        .patch("pa", &PatchParams::default(), &Patch::Merge(&renewal()))
         .await
         .expect("pa renews its own claim");
     ns.api::<k8s_openapi::api::core::v1::Pod>()
@@ -370,9 +410,22 @@ async fn a_claim_belongs_to_the_pod_that_made_it() {
     .await;
 }
 
-/// A lease that fences objects is granted only once its binding is in force: a pod that does
-/// not hold it is refused from the first grant on, also when the lease is new (or deleted and
-/// created again while a former holder still writes).
+#[tokio::test]
+async fn a_claim_belongs_to_the_pod_that_made_it() {
+    let ns = TestNamespace::new("claim-pod").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("books", 30);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    claim_as_pod(&ns, pa, "books").await;
+    let token = wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
+    assert_made_by_pod(&ns, "pa", pa).await;
+    no_other_pod_renews_or_releases(&ns, pa, pb).await;
+    kubectl_fence_release_in_another_pod_is_refused(&ns, pb, token).await;
+    the_owner_renews_and_its_deletion_releases(&ns, pa).await;
+}
+
 /// Does the apiserver serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (1.36 on)?
 fn serves_mutating_admission_policy(ns: &TestNamespace) -> bool {
     let out = ns
@@ -383,27 +436,20 @@ fn serves_mutating_admission_policy(ns: &TestNamespace) -> bool {
     String::from_utf8_lossy(&out.stdout).contains(r#""kind":"MutatingAdmissionPolicy""#)
 }
 
-/// I7 at create, on every supported version: a claim records its creator as the apiserver
-/// authenticates it. Where MutatingAdmissionPolicy is served (1.36 on) the apiserver writes
-/// the annotations, whatever the client sent; before, the client must send them (the holders
-/// do) and a claim without them, or with another creator's, is refused saying what to send.
-#[tokio::test]
-async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
-    let ns = TestNamespace::new("claim-creator").await;
-    let pods = ns.app_pods(&["pa"]).await;
-    let pa = &pods[0];
-    let user = format!("system:serviceaccount:{}:app", ns.name);
-    let mutating = serves_mutating_admission_policy(&ns);
-    let claim = |name: &str, annotations: serde_json::Value| -> FencedLeaseClaim {
-        serde_json::from_value(json!({
-            "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
-            "metadata": {"name": name, "annotations": annotations},
-            "spec": {"leaseName": "books", "holderIdentity": name},
-        }))
-        .unwrap()
-    };
-    let unbound: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as("app", None).await, &ns.name);
-    let from_pa: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
+/// Claim `name` of lease books, with `annotations`.
+fn claim_with(name: &str, annotations: serde_json::Value) -> FencedLeaseClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"leaseName": "books", "holderIdentity": name},
+    }))
+    .unwrap()
+}
+
+/// Claims made with a token bound to no pod, as `user`: one with its creator's annotation is
+/// created; one without, or with another creator's, is stamped with `user` where the apiserver
+/// serves MutatingAdmissionPolicy (`mutating`), and refused saying what to send before.
+async fn claims_carry_their_creator(unbound: &Api<FencedLeaseClaim>, user: &str, mutating: bool) {
     // RBAC bindings reach the authorizer with a delay: wait until a right claim passes.
     let right = wait_for(
         "a claim with its creator's annotations created",
@@ -412,7 +458,7 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
             unbound
                 .create(
                     &PostParams::default(),
-                    &claim("right", json!({"fencing.dev/created-by": user})),
+                    &claim_with("right", json!({"fencing.dev/created-by": user})),
                 )
                 .await
                 .ok()
@@ -420,7 +466,12 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
     )
     .await;
     let annotations = right.metadata.annotations.unwrap_or_default();
-    assert_eq!(annotations.get("fencing.dev/created-by"), Some(&user));
+    assert_eq!(
+        annotations
+            .get("fencing.dev/created-by")
+            .map(String::as_str),
+        Some(user)
+    );
 
     for (name, annotations) in [
         ("bare", json!({})),
@@ -430,14 +481,16 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
         ),
     ] {
         let result = unbound
-            .create(&PostParams::default(), &claim(name, annotations))
+            .create(&PostParams::default(), &claim_with(name, annotations))
             .await;
         if mutating {
             let created = result.unwrap_or_else(|e| panic!("{name}: {e}"));
             let annotations = created.metadata.annotations.unwrap_or_default();
             assert_eq!(
-                annotations.get("fencing.dev/created-by"),
-                Some(&user),
+                annotations
+                    .get("fencing.dev/created-by")
+                    .map(String::as_str),
+                Some(user),
                 "{name}"
             );
         } else {
@@ -452,8 +505,17 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
             );
         }
     }
+}
 
-    // From a pod: the pod's name and UID too.
+/// Claims made from pod pa: the pod's name and UID too, stamped where the apiserver serves
+/// MutatingAdmissionPolicy (`mutating`), and refused without them before.
+async fn claims_from_a_pod_carry_the_pod(
+    ns: &TestNamespace,
+    pa: &TestPod,
+    user: &str,
+    mutating: bool,
+) {
+    let from_pa: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
     let pod_annotations = json!({
         "fencing.dev/created-by": user,
         "fencing.dev/created-by-pod": pa.name,
@@ -463,7 +525,7 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
         from_pa
             .create(
                 &PostParams::default(),
-                &claim("pod-right", pod_annotations.clone()),
+                &claim_with("pod-right", pod_annotations.clone()),
             )
             .await
             .ok()
@@ -477,7 +539,7 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
     let result = from_pa
         .create(
             &PostParams::default(),
-            &claim("pod-bare", json!({"fencing.dev/created-by": user})),
+            &claim_with("pod-bare", json!({"fencing.dev/created-by": user})),
         )
         .await;
     if mutating {
@@ -500,6 +562,25 @@ async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
     }
 }
 
+/// I7 at create, on every supported version: a claim records its creator as the apiserver
+/// authenticates it. Where MutatingAdmissionPolicy is served (1.36 on) the apiserver writes
+/// the annotations, whatever the client sent; before, the client must send them (the holders
+/// do) and a claim without them, or with another creator's, is refused saying what to send.
+#[tokio::test]
+async fn a_claim_is_created_with_its_creators_annotations_or_refused() {
+    let ns = TestNamespace::new("claim-creator").await;
+    let pods = ns.app_pods(&["pa"]).await;
+    let pa = &pods[0];
+    let user = format!("system:serviceaccount:{}:app", ns.name);
+    let mutating = serves_mutating_admission_policy(&ns);
+    let unbound: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as("app", None).await, &ns.name);
+    claims_carry_their_creator(&unbound, &user, mutating).await;
+    claims_from_a_pod_carry_the_pod(&ns, pa, &user, mutating).await;
+}
+
+/// A lease that fences objects is granted only once its binding is in force: a pod that does
+/// not hold it is refused from the first grant on, also when the lease is new (or deleted and
+/// created again while a former holder still writes).
 #[tokio::test]
 async fn the_fence_is_in_force_before_the_first_grant() {
     let ns = TestNamespace::new("fence-first").await;

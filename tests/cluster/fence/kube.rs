@@ -334,51 +334,26 @@ async fn lease_rule_refuses_tokens_below_the_lease_s_current_token() {
         .expect("the holder deletes");
 }
 
-#[tokio::test]
-async fn operator_lists_a_namespace_in_a_kinds_slot_exactly_while_a_lease_there_fences_the_kind() {
-    let ns = TestNamespace::new("fence-slots").await;
-    ns.with_fence_policies().await;
-    let before = admission_objects(&ns).await;
-    let mut op = OperatorProcess::start(&ns.name, &[]);
-    let leases = ns.api::<FencedLease>();
-    let fence = |lease: &'static str, value: serde_json::Value| {
-        let leases = leases.clone();
-        async move {
-            let patch = Patch::Merge(json!({ "spec": { "fence": value } }));
-            leases
-                .patch(lease, &PatchParams::default(), &patch)
-                .await
-                .unwrap();
-        }
-    };
-    let listed = |resource: &'static str, want: bool| {
-        let ns = &ns;
-        move || async move { (slots_listing(ns, resource).await.is_empty() != want).then_some(()) }
-    };
-    create_fencing_lease(&ns, "payouts").await;
-    fence("payouts", json!({"resources": [{"resource": "secrets"}]})).await;
-    wait_for("secrets listed", WAIT, listed("secrets", true)).await;
-    fence(
-        "payouts",
-        json!({"resources": [{"resource": "configmaps"}]}),
-    )
+/// Sets `spec.fence` of lease `lease` to `value`.
+async fn set_fence(leases: &Api<FencedLease>, lease: &str, value: serde_json::Value) {
+    let patch = Patch::Merge(json!({ "spec": { "fence": value } }));
+    leases
+        .patch(lease, &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+}
+
+/// Waits until a kinds slot lists `ns` for `resource` (`want`), or none does.
+async fn wait_listed(ns: &TestNamespace, what: &str, resource: &str, want: bool) {
+    wait_for(what, WAIT, || async {
+        (slots_listing(ns, resource).await.is_empty() != want).then_some(())
+    })
     .await;
-    wait_for("configmaps listed", WAIT, listed("configmaps", true)).await;
-    wait_for("secrets no longer listed", WAIT, listed("secrets", false)).await;
+}
 
-    // Another lease of the namespace fencing the same kind keeps it listed.
-    create_fencing_lease(&ns, "other").await;
-    fence("other", json!({"resources": [{"resource": "configmaps"}]})).await;
-    ns.delete_lease("payouts").await;
-    tokio::time::sleep(Duration::from_secs(2)).await; // nothing is to happen: give it the chance
-    assert_eq!(
-        slots_listing(&ns, "configmaps").await.len(),
-        1,
-        "kept for `other`"
-    );
-
-    // Edited by hand: put back.
-    let slot = slots_listing(&ns, "configmaps").await.remove(0);
+/// The slot that lists `ns` for ConfigMaps, edited by hand to leave it out: put back.
+async fn a_slot_edited_by_hand_is_put_back(ns: &TestNamespace) {
+    let slot = slots_listing(ns, "configmaps").await.remove(0);
     let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
     let mut edited = policies.get(&slot).await.unwrap();
     let mut assigned = shipped::assignment(&edited).unwrap().unwrap();
@@ -390,7 +365,49 @@ async fn operator_lists_a_namespace_in_a_kinds_slot_exactly_while_a_lease_there_
         .replace(&slot, &PostParams::default(), &edited)
         .await
         .unwrap();
-    wait_for("listed again", WAIT, listed("configmaps", true)).await;
+    wait_listed(ns, "listed again", "configmaps", true).await;
+}
+
+#[tokio::test]
+async fn operator_lists_a_namespace_in_a_kinds_slot_exactly_while_a_lease_there_fences_the_kind() {
+    let ns = TestNamespace::new("fence-slots").await;
+    ns.with_fence_policies().await;
+    let before = admission_objects(&ns).await;
+    let mut op = OperatorProcess::start(&ns.name, &[]);
+    let leases = ns.api::<FencedLease>();
+    create_fencing_lease(&ns, "payouts").await;
+    set_fence(
+        &leases,
+        "payouts",
+        json!({"resources": [{"resource": "secrets"}]}),
+    )
+    .await;
+    wait_listed(&ns, "secrets listed", "secrets", true).await;
+    set_fence(
+        &leases,
+        "payouts",
+        json!({"resources": [{"resource": "configmaps"}]}),
+    )
+    .await;
+    wait_listed(&ns, "configmaps listed", "configmaps", true).await;
+    wait_listed(&ns, "secrets no longer listed", "secrets", false).await;
+
+    // Another lease of the namespace fencing the same kind keeps it listed.
+    create_fencing_lease(&ns, "other").await;
+    set_fence(
+        &leases,
+        "other",
+        json!({"resources": [{"resource": "configmaps"}]}),
+    )
+    .await;
+    ns.delete_lease("payouts").await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // nothing is to happen: give it the chance
+    assert_eq!(
+        slots_listing(&ns, "configmaps").await.len(),
+        1,
+        "kept for `other`"
+    );
+    a_slot_edited_by_hand_is_put_back(&ns).await;
 
     // A lease deleted while no operator ran (its finalizer stripped) leaves the slot when
     // one starts.
@@ -405,12 +422,7 @@ async fn operator_lists_a_namespace_in_a_kinds_slot_exactly_while_a_lease_there_
         .await
         .unwrap();
     op.restart();
-    wait_for(
-        "the namespace leaves the slot",
-        WAIT,
-        listed("configmaps", false),
-    )
-    .await;
+    wait_listed(&ns, "the namespace leaves the slot", "configmaps", false).await;
     assert_eq!(
         admission_objects(&ns).await,
         before,

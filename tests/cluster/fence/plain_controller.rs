@@ -87,15 +87,11 @@ fn writes_since(log: &str, from: usize) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_frozen_replica_of_an_unmodified_controller_is_refused_every_write() {
-    let ns = TestNamespace::new("plain-controller").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["r1", "r2"]).await;
+/// The example's lease, its 10 s term shortened to keep the test short, and what the
+/// controller writes: ConfigMap report and Deployment web.
+fn apply_the_example(ns: &TestNamespace) {
     let lease =
         std::fs::read_to_string(repo_root().join("examples/plain-controller.yaml")).unwrap();
-    // The example's 10 s term, shortened to keep the test short.
     let out =
         ns.kubectl_apply(&lease.replace("leaseDurationSeconds: 10", "leaseDurationSeconds: 3"));
     assert!(out.status.success(), "{}", common::cli::both(&out));
@@ -103,6 +99,48 @@ async fn a_frozen_replica_of_an_unmodified_controller_is_refused_every_write() {
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: report}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: example.invalid/web:1}]}\n",
     );
     assert!(out.status.success(), "{}", common::cli::both(&out));
+}
+
+/// Every write of the thawed replica logged in `log` after line `frozen_at` was refused, by
+/// the identity rule, and at least one was answered; so was the last status it wrote on
+/// SIGTERM.
+fn assert_refused_since(log: &str, frozen_at: usize) {
+    let after = writes_since(log, frozen_at);
+    // A kubectl in flight when kubectl fence stops the controller is killed and says nothing;
+    // every write the apiserver answered was refused, by the identity rule.
+    let mut refused = 0;
+    for (n, outcome) in &after {
+        let outcome = outcome.as_deref().unwrap_or("(no outcome: stopped)");
+        assert!(
+            !outcome.contains(" accepted "),
+            "write {n} of the thawed replica was accepted: {outcome}\n{log}"
+        );
+        if outcome.contains("Error from server") {
+            assert!(
+                outcome.contains("(Forbidden)")
+                    && outcome.contains("pod r1 does not hold FencedLease"),
+                "write {n}: {outcome}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(
+        refused > 0,
+        "the apiserver answered no write of the thawed replica, so nothing was tested:\n{log}"
+    );
+    assert!(
+        log.contains("refused (last status): Error from server (Forbidden)"),
+        "the last status written on SIGTERM: {log}"
+    );
+}
+
+#[tokio::test]
+async fn a_frozen_replica_of_an_unmodified_controller_is_refused_every_write() {
+    let ns = TestNamespace::new("plain-controller").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["r1", "r2"]).await;
+    apply_the_example(&ns);
 
     let (log1, log2) = (scratch(&ns, "r1.log"), scratch(&ns, "r2.log"));
     let (pid1, pid2) = (scratch(&ns, "r1.pid"), scratch(&ns, "r2.pid"));
@@ -134,35 +172,7 @@ async fn a_frozen_replica_of_an_unmodified_controller_is_refused_every_write() {
         "r1 lost its lease: {}",
         read(&log1)
     );
-
-    let log = read(&log1);
-    let after = writes_since(&log, frozen_at);
-    // A kubectl in flight when kubectl fence stops the controller is killed and says nothing;
-    // every write the apiserver answered was refused, by the identity rule.
-    let mut refused = 0;
-    for (n, outcome) in &after {
-        let outcome = outcome.as_deref().unwrap_or("(no outcome: stopped)");
-        assert!(
-            !outcome.contains(" accepted "),
-            "write {n} of the thawed replica was accepted: {outcome}\n{log}"
-        );
-        if outcome.contains("Error from server") {
-            assert!(
-                outcome.contains("(Forbidden)")
-                    && outcome.contains("pod r1 does not hold FencedLease"),
-                "write {n}: {outcome}"
-            );
-            refused += 1;
-        }
-    }
-    assert!(
-        refused > 0,
-        "the apiserver answered no write of the thawed replica, so nothing was tested:\n{log}"
-    );
-    assert!(
-        log.contains("refused (last status): Error from server (Forbidden)"),
-        "the last status written on SIGTERM: {log}"
-    );
+    assert_refused_since(&read(&log1), frozen_at);
 
     // r2 holds on and its writes keep going through.
     let seen = read(&log2).matches("accepted").count();

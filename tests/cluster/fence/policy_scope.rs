@@ -105,21 +105,14 @@ async fn delete_copies(client: &kube::Client, prefix: &str, n: usize) {
     }
 }
 
-#[tokio::test]
-async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lease_fences() {
-    let ns = TestNamespace::new("fence-scope").await;
-    let other = TestNamespace::new("fence-scope-other").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let out = ns.kubectl_apply(
-        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: books\nspec:\n  fenceObjects: true\n  fence:\n    resources: [{resource: configmaps}]\n",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The binding of labelled objects, and the kinds slot that lists the namespace.
+/// The kinds slot that lists `ns` for ConfigMaps, as the operator wrote it, and the bindings
+/// that fence lease books: the binding of labelled objects, and that slot's.
+async fn the_leases_bindings(
+    ns: &TestNamespace,
+) -> (
+    ValidatingAdmissionPolicy,
+    Vec<ValidatingAdmissionPolicyBinding>,
+) {
     let binding_api: Api<ValidatingAdmissionPolicyBinding> = Api::all(ns.client.clone());
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(ns.client.clone());
     let kept = wait_for("a kinds slot listing the namespace", WAIT, || async {
@@ -135,17 +128,18 @@ async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lea
         None
     })
     .await;
-    let kinds_policy = kept.name_any();
     let mut bindings = vec![];
-    for name in [shipped::OBJECTS_BINDING.to_string(), kinds_policy.clone()] {
+    for name in [shipped::OBJECTS_BINDING.to_string(), kept.name_any()] {
         bindings.push(binding_api.get(&name).await.unwrap());
     }
+    (kept, bindings)
+}
 
-    let prefix = format!("broken-{}", ns.name);
-    create_broken_copies(&ns.client, &ns.name, &prefix, &bindings).await;
+/// Waits until the broken copies are in force: the lease's fenced objects (a ConfigMap by
+/// kind, a Secret by label) are refused with the configuration error.
+async fn wait_broken_copies_in_force(ns: &TestNamespace) {
     let (configmaps, secrets) = (ns.api::<ConfigMap>(), ns.api::<Secret>());
     let labelled = json!({"fencing.dev/lease": "books"});
-    // In force once the lease's fenced objects are refused with the configuration error.
     wait_for("the broken copies in force", WAIT, || async {
         let kind = try_create(&configmaps, named("fenced-by-kind", json!({}))).await;
         let label = try_create(&secrets, named("fenced-by-label", labelled.clone())).await;
@@ -154,6 +148,26 @@ async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lea
         (broken(&kind) && broken(&label)).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lease_fences() {
+    let ns = TestNamespace::new("fence-scope").await;
+    let other = TestNamespace::new("fence-scope-other").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let out = ns.kubectl_apply(
+        "apiVersion: fencing.dev/v1alpha1\nkind: FencedLease\nmetadata:\n  name: books\nspec:\n  fenceObjects: true\n  fence:\n    resources: [{resource: configmaps}]\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (kept, bindings) = the_leases_bindings(&ns).await;
+    let prefix = format!("broken-{}", ns.name);
+    create_broken_copies(&ns.client, &ns.name, &prefix, &bindings).await;
+    wait_broken_copies_in_force(&ns).await;
 
     // Everything the lease does not fence is written as before. (The shared policy of labelled
     // objects matches every object carrying the lease label, of any lease: those asked to be
@@ -161,7 +175,7 @@ async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lea
     let unfenced = [
         (
             "an unlabelled Secret in the lease's namespace",
-            try_create(&secrets, named("plain", json!({}))).await,
+            try_create(&ns.api::<Secret>(), named("plain", json!({}))).await,
         ),
         (
             "a coordination Lease in the lease's namespace (a leader election)",
@@ -182,6 +196,8 @@ async fn a_fence_policy_the_apiserver_cannot_configure_refuses_only_what_its_lea
     }
 
     // The operator left its slot as it wrote it: the apiserver's defaults are no change.
+    let kinds_policy = kept.name_any();
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(ns.client.clone());
     let now = policies.get(&kinds_policy).await.unwrap();
     assert_eq!(
         now.resource_version(),

@@ -196,6 +196,70 @@ async fn fcall_cli(function: &str, key: &str, args: &[&str]) -> String {
     redis_cli(&all, None).await
 }
 
+/// The Rust guard, and a plain FCALL from this client, refuse token 6 of `payout` (at 7) as
+/// redis-cli's FCALL did.
+async fn the_rust_guard_and_a_plain_fcall_refuse_alike(
+    conn: &mut MultiplexedConnection,
+    payout: &str,
+) {
+    let guard = set(conn, payout, "stale", 6).await;
+    assert!(
+        matches!(
+            guard,
+            Err(Error::Fenced {
+                presented: 6,
+                highest: 7,
+                ..
+            })
+        ),
+        "{guard:?}"
+    );
+    let raw = redis::cmd("FCALL")
+        .arg(&[
+            "fenced_set",
+            "2",
+            payout,
+            &fence_key(payout).unwrap(),
+            "6",
+            "x",
+        ])
+        .query_async::<redis::Value>(conn)
+        .await
+        .expect_err("a plain FCALL with a stale token");
+    assert_eq!(
+        format!("{} {}", raw.code().unwrap(), raw.detail().unwrap()),
+        format!("{FENCED_CODE} 6 7")
+    );
+}
+
+/// The guard writes 8; redis-cli, still at 7, is now the stale one. A fence key of the
+/// caller's own invention is refused: every client shares one.
+async fn after_the_guard_redis_cli_is_the_stale_one(conn: &mut MultiplexedConnection) {
+    let list = key("{payouts}");
+    call(conn, &list, 8, &["RPUSH", "by the guard"])
+        .await
+        .unwrap();
+    assert_eq!(
+        fcall_cli("fenced_call", &list, &["7", "RPUSH", "stale"]).await,
+        "FENCED 7 8"
+    );
+    assert_eq!(
+        fcall_cli("fenced_call", &list, &["8", "RPUSH", "by redis-cli"]).await,
+        "2"
+    );
+    let wrong = redis_cli(
+        &["FCALL", "fenced_call", "2", &list, "elsewhere", "9", "DEL"],
+        None,
+    )
+    .await;
+    assert!(
+        wrong.starts_with("BADFENCEKEY elsewhere is not a fence key of"),
+        "{wrong}"
+    );
+    let written: Vec<String> = conn.lrange(&list, 0, -1).await.unwrap();
+    assert_eq!(written, ["by the guard", "by redis-cli"]);
+}
+
 #[tokio::test]
 async fn redis_cli_loads_the_library_and_gets_the_same_refusal_as_the_rust_guard() {
     let loaded = redis_cli(
@@ -227,62 +291,8 @@ async fn redis_cli_loads_the_library_and_gets_the_same_refusal_as_the_rust_guard
     );
     let value: String = conn.get(&payout).await.unwrap();
     assert_eq!(value, "b");
-
-    // The Rust guard, and a plain FCALL from this client, are refused alike.
-    let guard = set(&mut conn, &payout, "stale", 6).await;
-    assert!(
-        matches!(
-            guard,
-            Err(Error::Fenced {
-                presented: 6,
-                highest: 7,
-                ..
-            })
-        ),
-        "{guard:?}"
-    );
-    let raw = redis::cmd("FCALL")
-        .arg(&[
-            "fenced_set",
-            "2",
-            &payout,
-            &fence_key(&payout).unwrap(),
-            "6",
-            "x",
-        ])
-        .query_async::<redis::Value>(&mut conn)
-        .await
-        .expect_err("a plain FCALL with a stale token");
-    assert_eq!(
-        format!("{} {}", raw.code().unwrap(), raw.detail().unwrap()),
-        format!("{FENCED_CODE} 6 7")
-    );
-
-    // The guard writes 8; redis-cli, still at 7, is now the stale one.
-    let list = key("{payouts}");
-    call(&mut conn, &list, 8, &["RPUSH", "by the guard"])
-        .await
-        .unwrap();
-    assert_eq!(
-        fcall_cli("fenced_call", &list, &["7", "RPUSH", "stale"]).await,
-        "FENCED 7 8"
-    );
-    assert_eq!(
-        fcall_cli("fenced_call", &list, &["8", "RPUSH", "by redis-cli"]).await,
-        "2"
-    );
-    // A fence key of the caller's own invention is refused: every client shares one.
-    let wrong = redis_cli(
-        &["FCALL", "fenced_call", "2", &list, "elsewhere", "9", "DEL"],
-        None,
-    )
-    .await;
-    assert!(
-        wrong.starts_with("BADFENCEKEY elsewhere is not a fence key of"),
-        "{wrong}"
-    );
-    let written: Vec<String> = conn.lrange(&list, 0, -1).await.unwrap();
-    assert_eq!(written, ["by the guard", "by redis-cli"]);
+    the_rust_guard_and_a_plain_fcall_refuse_alike(&mut conn, &payout).await;
+    after_the_guard_redis_cli_is_the_stale_one(&mut conn).await;
 }
 
 #[tokio::test]

@@ -167,18 +167,27 @@ async fn a_batch_runs_after_one_check_and_a_refused_or_malformed_one_writes_noth
         )
         .await;
     assert!(matches!(outside, Err(Error::InvalidName(_))), "{outside:?}");
-    // Malformed batches sent as any client would: nothing written, their own error code.
+    malformed_batches_get_their_own_error_code(&account, &payouts, &receipt).await;
+    let written: Vec<String> = conn.lrange(&payouts, 0, -1).await.unwrap();
+    assert_eq!(written, ["b"]);
+    let mark: String = conn.get(account.fence_key()).await.unwrap();
+    assert_eq!(mark, "8");
+}
+
+/// Malformed batches of `account` sent as any client would: each gets its own error code
+/// (and, the caller checks, writes nothing).
+async fn malformed_batches_get_their_own_error_code(account: &Scope, payouts: &str, receipt: &str) {
     for (args, code) in [
         (
             vec![
                 "3",
                 account.fence_key(),
-                &payouts,
-                &receipt,
+                payouts,
+                receipt,
                 "9",
                 "3",
                 "RPUSH",
-                &payouts,
+                payouts,
                 "x",
                 "5",
                 "SET",
@@ -189,11 +198,11 @@ async fn a_batch_runs_after_one_check_and_a_refused_or_malformed_one_writes_noth
             vec![
                 "2",
                 account.fence_key(),
-                &payouts,
+                payouts,
                 "9",
                 "3",
                 "RPUSH",
-                &receipt,
+                receipt,
                 "x",
             ],
             "BADCALL",
@@ -202,11 +211,11 @@ async fn a_batch_runs_after_one_check_and_a_refused_or_malformed_one_writes_noth
             vec![
                 "2",
                 account.fence_key(),
-                &payouts,
+                payouts,
                 "x9",
                 "3",
                 "RPUSH",
-                &payouts,
+                payouts,
                 "x",
             ],
             "BADTOKEN",
@@ -215,11 +224,11 @@ async fn a_batch_runs_after_one_check_and_a_refused_or_malformed_one_writes_noth
             vec![
                 "2",
                 "{other}:fence",
-                &payouts,
+                payouts,
                 "9",
                 "3",
                 "RPUSH",
-                &payouts,
+                payouts,
                 "x",
             ],
             "BADFENCEKEY",
@@ -230,10 +239,67 @@ async fn a_batch_runs_after_one_check_and_a_refused_or_malformed_one_writes_noth
         let reply = redis_cli(&all, None).await;
         assert!(reply.starts_with(code), "{all:?}: {reply}");
     }
-    let written: Vec<String> = conn.lrange(&payouts, 0, -1).await.unwrap();
-    assert_eq!(written, ["b"]);
-    let mark: String = conn.get(account.fence_key()).await.unwrap();
-    assert_eq!(mark, "8");
+}
+
+/// A connection as Redis user `user`, its ACL (re)set to `acl` first.
+async fn connect_as(user: &str, acl: &[&str]) -> MultiplexedConnection {
+    let mut admin = connect_to(&datastores().redis).await;
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(user)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw")
+        .arg(acl);
+    cmd.query_async::<()>(&mut admin).await.unwrap();
+    let url = datastores()
+        .redis
+        .replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    connect_to(&url).await
+}
+
+/// fence/README.md's ACL: FCALL, the reads, the commands the writes run; nothing that
+/// erases, expires, renames or replaces a key or the library. The first 9 leave out the
+/// commands that count refusals.
+const HOLDER_ACL: [&str; 12] = [
+    "~*",
+    "-@all",
+    "+fcall",
+    "+fcall_ro",
+    "+get",
+    "+lrange",
+    "+exists",
+    "+rpush",
+    "+set",
+    "+hincrby",
+    "+hset",
+    "+time",
+];
+
+/// Under [`HOLDER_ACL`], `user` writes `payouts` through the function; its refusal is
+/// counted, and without the commands that count it, it is still the refusal.
+async fn under_the_holder_acl_refusals_are_counted(
+    admin: &mut MultiplexedConnection,
+    user: &str,
+    account: &Scope,
+    payouts: &str,
+) {
+    let mut holder = connect_as(user, &HOLDER_ACL).await;
+    account
+        .call(&mut holder, payouts, 8, &["RPUSH", "by B"])
+        .await
+        .expect("the holder writes through the function");
+    let stale = account
+        .call(&mut holder, payouts, 7, &["RPUSH", "by A"])
+        .await;
+    refused(stale, account, 7, 8);
+    assert_eq!(refusals(admin, account).await.0, 1, "counted under the ACL");
+    let mut uncounting = connect_as(user, &HOLDER_ACL[..9]).await;
+    let stale = account
+        .call(&mut uncounting, payouts, 6, &["RPUSH", "by A"])
+        .await;
+    refused(stale, account, 6, 8);
+    assert_eq!(refusals(admin, account).await.0, 1);
 }
 
 /// Redis cannot keep a client to the functions: since Redis 7 the commands a function runs
@@ -245,27 +311,9 @@ async fn an_acl_cannot_keep_a_holder_to_fcall_but_keeps_it_from_erasing_marks() 
     let mut admin = connect().await;
     let account = scope();
     let user = format!("holder-{:08x}", rand::random::<u32>());
-    let as_user = |acl: &'static [&'static str]| {
-        let user = user.clone();
-        async move {
-            let mut admin = connect_to(&datastores().redis).await;
-            let mut cmd = redis::cmd("ACL");
-            cmd.arg("SETUSER")
-                .arg(&user)
-                .arg("reset")
-                .arg("on")
-                .arg(">pw")
-                .arg(acl);
-            cmd.query_async::<()>(&mut admin).await.unwrap();
-            let url = datastores()
-                .redis
-                .replacen("redis://", &format!("redis://{user}:pw@"), 1);
-            connect_to(&url).await
-        }
-    };
     let payouts = account.key("payouts");
     // FCALL alone: plain writes refused, and so are the function's.
-    let mut fcall_only = as_user(&["~*", "-@all", "+fcall", "+fcall_ro"]).await;
+    let mut fcall_only = connect_as(&user, &["~*", "-@all", "+fcall", "+fcall_ro"]).await;
     let plain: Result<(), _> = fcall_only.set(&payouts, "x").await;
     assert_eq!(plain.unwrap_err().code(), Some("NOPERM"));
     let fenced = account
@@ -275,44 +323,8 @@ async fn an_acl_cannot_keep_a_holder_to_fcall_but_keeps_it_from_erasing_marks() 
         matches!(&fenced, Err(Error::Redis(e)) if e.to_string().contains("can't run this command")),
         "the function runs its commands as the caller: {fenced:?}"
     );
-    // fence/README.md's ACL: FCALL, the reads, the commands the writes run; nothing that
-    // erases, expires, renames or replaces a key or the library.
-    let acl: &'static [&'static str] = &[
-        "~*",
-        "-@all",
-        "+fcall",
-        "+fcall_ro",
-        "+get",
-        "+lrange",
-        "+exists",
-        "+rpush",
-        "+set",
-        "+hincrby",
-        "+hset",
-        "+time",
-    ];
-    let mut holder = as_user(acl).await;
-    account
-        .call(&mut holder, &payouts, 8, &["RPUSH", "by B"])
-        .await
-        .expect("the holder writes through the function");
-    // Its refusal is counted; without the commands that count it, it is still the refusal.
-    let stale = account
-        .call(&mut holder, &payouts, 7, &["RPUSH", "by A"])
-        .await;
-    refused(stale, &account, 7, 8);
-    assert_eq!(
-        refusals(&mut admin, &account).await.0,
-        1,
-        "counted under the ACL"
-    );
-    let mut uncounting = as_user(&acl[..9]).await;
-    let stale = account
-        .call(&mut uncounting, &payouts, 6, &["RPUSH", "by A"])
-        .await;
-    refused(stale, &account, 6, 8);
-    assert_eq!(refusals(&mut admin, &account).await.0, 1);
-    let mut holder = as_user(acl).await;
+    under_the_holder_acl_refusals_are_counted(&mut admin, &user, &account, &payouts).await;
+    let mut holder = connect_as(&user, &HOLDER_ACL).await;
     for command in [
         vec!["DEL", account.fence_key()],
         vec!["EXPIRE", account.fence_key(), "1"],

@@ -19,234 +19,31 @@
 
 use crate::common;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::fence::fenced_config_map;
 use common::operator::OperatorProcess;
 use common::pods::TestPod;
-use common::{TestNamespace, control_plane, repo_root, wait_for};
+use common::{Beating, TestNamespace, control_plane, repo_root, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
 use fenced_lease_operator::admission::shipped;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-pub(super) const WAIT: Duration = Duration::from_secs(30);
+use super::harness::{
+    Findings, WAIT, accepted_within, apply, books_held_by, claim_as_pod, config_map,
+    create_config_map, create_lease_as, describe, fencing_configmaps, grant, merge_patch, poll,
+    refusal, refused_within, wait_allowed, wait_fence_refuses_pb,
+};
 
 /// 2^52 and 2^53: the edges of the token bound (2^53 − 1, exact in a double).
 const TWO_52: i64 = 1 << 52;
 const TWO_53: i64 = 1 << 53;
-
-// ---- helpers ----
-
-/// What the test found wrong, collected so that one run on unfixed code shows every gap of an
-/// item, not only the first; [`Findings::finish`] fails the test with all of them.
-#[derive(Default)]
-pub(super) struct Findings(Vec<String>);
-
-impl Findings {
-    pub(super) fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            let what = what();
-            eprintln!("FINDING: {what}");
-            self.0.push(what);
-        }
-    }
-
-    /// Fails now, with everything found so far, if anything was.
-    pub(super) fn finish(&self) {
-        assert!(
-            self.0.is_empty(),
-            "{} finding(s):\n- {}",
-            self.0.len(),
-            self.0.join("\n- ")
-        );
-    }
-}
-
-/// What came of a request, for messages.
-pub(super) fn describe<T>(result: &Result<T, kube::Error>) -> String {
-    match result {
-        Ok(_) => "accepted".into(),
-        Err(kube::Error::Api(s)) => format!("{} {}: {}", s.code, s.reason, s.message),
-        Err(e) => format!("error: {e}"),
-    }
-}
-
-/// `(code, message)` when the apiserver refused the request.
-pub(super) fn refusal<T>(result: &Result<T, kube::Error>) -> Option<(u16, String)> {
-    match result {
-        Err(kube::Error::Api(s)) => Some((s.code, s.message.clone())),
-        _ => None,
-    }
-}
-
-/// Polls `check` until it returns `Some`, or `None` once `timeout` has passed.
-async fn poll<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Sends `attempt` until the apiserver refuses it with 403 or 422 (the fence reads the lease
-/// through the apiserver's informer, so a refusal can trail a grant by a short window):
-/// `Ok((code, message))`, or `Err(what came of the last attempt)` after `timeout`.
-pub(super) async fn refused_within<T, F, Fut>(
-    timeout: Duration,
-    mut attempt: F,
-) -> Result<(u16, String), String>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, kube::Error>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        let result = attempt().await;
-        if let Some(refused) = refusal(&result).filter(|(code, _)| *code == 403 || *code == 422) {
-            return Ok(refused);
-        }
-        if Instant::now() >= deadline {
-            return Err(describe(&result));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Sends `attempt` until it is accepted: `Ok`, or `Err(what came of the last attempt)` after
-/// `timeout`.
-pub(super) async fn accepted_within<T, F, Fut>(
-    timeout: Duration,
-    mut attempt: F,
-) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, kube::Error>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        let result = attempt().await;
-        let last = describe(&result);
-        if let Ok(value) = result {
-            return Ok(value);
-        }
-        if Instant::now() >= deadline {
-            return Err(last);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits until the user of `client` may `verb` `group`/`resource` (`resource/subresource`,
-/// optionally named `name`) in `ns`, as the authorizer answers it: RBAC bindings reach the authorizer through an
-/// informer, and a test must not mistake "not yet bound" for a refusal by the fence.
-pub(super) async fn wait_allowed(
-    client: &Client,
-    ns: &str,
-    verb: &str,
-    group: &str,
-    resource: &str,
-    name: Option<&str>,
-) {
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let (kind, subresource) = resource.split_once('/').unwrap_or((resource, ""));
-    let mut attributes = json!({
-        "namespace": ns, "verb": verb, "group": group, "resource": kind, "subresource": subresource,
-    });
-    if let Some(name) = name {
-        attributes["name"] = json!(name);
-    }
-    let review: SelfSubjectAccessReview =
-        serde_json::from_value(json!({"spec": {"resourceAttributes": attributes}})).unwrap();
-    wait_for(
-        &format!("RBAC to allow {verb} {group}/{resource} in {ns}"),
-        WAIT,
-        || async {
-            let answer = api.create(&PostParams::default(), &review).await.ok()?;
-            answer.status?.allowed.then_some(())
-        },
-    )
-    .await;
-}
-
-/// A FencedLease `name` with `spec`, as a user writes it.
-fn lease(name: &str, spec: serde_json::Value) -> FencedLease {
-    serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease",
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .expect("a FencedLease")
-}
-
-/// Creates lease `name` with `spec` as the user of `client` in `ns`.
-pub(super) async fn create_lease_as(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    spec: serde_json::Value,
-) -> Result<FencedLease, kube::Error> {
-    Api::<FencedLease>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &lease(name, spec))
-        .await
-}
-
-/// Claim `pod.name` on `lease`, made by the pod itself with its own token (naming and owned by
-/// the pod, as the holder library and `kubectl fence` make it).
-pub(super) async fn claim_as_pod(ns: &TestNamespace, pod: &TestPod, lease: &str) {
-    let claim: FencedLeaseClaim = serde_json::from_value(json!({
-        "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
-        "metadata": {
-            "name": pod.name,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}],
-        },
-        "spec": {"leaseName": lease, "holderIdentity": pod.name, "podName": pod.name},
-    }))
-    .unwrap();
-    let claims: Api<FencedLeaseClaim> = Api::namespaced(ns.client_as_pod(pod).await, &ns.name);
-    wait_for("the pod's claim created", WAIT, || async {
-        claims.create(&PostParams::default(), &claim).await.ok()
-    })
-    .await;
-}
-
-pub(super) fn config_map(name: &str, data: &str) -> ConfigMap {
-    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"x": data}})).unwrap()
-}
-
-pub(super) async fn create_config_map(
-    api: &Api<ConfigMap>,
-    cm: ConfigMap,
-) -> Result<ConfigMap, kube::Error> {
-    api.create(&PostParams::default(), &cm).await
-}
-
-pub(super) async fn merge_patch<K>(
-    api: &Api<K>,
-    name: &str,
-    patch: serde_json::Value,
-) -> Result<K, kube::Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-}
 
 /// A scale of Deployment `name` to `replicas` through `deployments/scale`, as `kubectl scale`
 /// sends it (a merge patch of the Scale).
@@ -255,24 +52,6 @@ async fn scale(api: &Api<Deployment>, name: &str, replicas: i32) -> Result<(), k
     api.patch_scale(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map(drop)
-}
-
-/// Creates every object of `manifest` (YAML or JSON) with kubectl as the admin; panics on error.
-pub(super) fn apply(ns: &TestNamespace, manifest: &str) {
-    let out = ns.kubectl_apply(manifest);
-    assert!(out.status.success(), "{}", common::cli::both(&out));
-}
-
-/// Role `role` with `rules` (YAML list items) in the test namespace, bound by RoleBinding
-/// `<sa>-<role>` to ServiceAccount `sa` of the namespace.
-pub(super) fn grant(ns: &TestNamespace, role: &str, sa: &str, rules: &str) {
-    apply(
-        ns,
-        &format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {role}}}\nrules:{rules}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {sa}-{role}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {role}}}\nsubjects: [{{kind: ServiceAccount, name: {sa}, namespace: {ns}}}]\n",
-            ns = ns.name
-        ),
-    );
 }
 
 /// Cluster-scoped objects a test created, deleted when it ends (passed or failed).
@@ -374,17 +153,9 @@ async fn metric_with_label(op: &OperatorProcess, name: &str, label: &str) -> Opt
 
 // ---- 1 ----
 
-/// Issue 38, item 1 (I11): a lease that fences Deployments with a selector fences their
-/// `scale` subresource too, though a Scale carries no labels. A pod that does not hold the
-/// lease is refused its scale (PATCH and PUT) with 403 "does not hold"; the holder's pod
-/// scales.
-#[tokio::test]
-async fn a_scale_of_a_deployment_fenced_with_a_selector_is_refused_to_a_pod_that_does_not_hold() {
-    let ns = TestNamespace::new("sec-scale").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
+/// Lease books fencing Deployments labelled `app: books`, and such a Deployment, web, of one
+/// replica, both created by the admin.
+async fn deployment_web_fenced_by_selector(ns: &TestNamespace) {
     create_lease_as(
         &ns.client,
         &ns.name,
@@ -415,30 +186,16 @@ async fn a_scale_of_a_deployment_fenced_with_a_selector_is_refused_to_a_pod_that
         .create(&PostParams::default(), &web)
         .await
         .expect("the admin creates Deployment web");
+}
 
-    claim_as_pod(&ns, pa, "books").await;
-    wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    let _beat = ns.keep_beating("pa", Duration::from_secs(1));
-    let as_pa: Api<Deployment> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
-    let as_pb: Api<Deployment> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
-    wait_allowed(
-        &ns.client_as_pod(pb).await,
-        &ns.name,
-        "patch",
-        "apps",
-        "deployments/scale",
-        None,
-    )
-    .await;
-
-    // The holder scales (once the apiserver's cache shows it as the holder).
-    accepted_within(WAIT, || scale(&as_pa, "web", 2))
-        .await
-        .unwrap_or_else(|last| panic!("the holder pa's scale of web was refused: {last}"));
-
-    let mut findings = Findings::default();
-    // pb, which does not hold the lease, scales web to 0: a PATCH, then a PUT of the Scale.
-    let patch = refused_within(Duration::from_secs(10), || scale(&as_pb, "web", 0)).await;
+/// pb, which does not hold the lease, scales web to 0: a PATCH, then a PUT of the Scale; each
+/// must be refused by the fence, and web keep the holder's 2 replicas.
+async fn pbs_scales_are_refused(
+    ns: &TestNamespace,
+    as_pb: &Api<Deployment>,
+    findings: &mut Findings,
+) {
+    let patch = refused_within(Duration::from_secs(10), || scale(as_pb, "web", 0)).await;
     let put = refused_within(Duration::from_secs(10), || async {
         let mut scale = ns.api::<Deployment>().get_scale("web").await?;
         scale.spec.get_or_insert_default().replicas = Some(0);
@@ -468,6 +225,42 @@ async fn a_scale_of_a_deployment_fenced_with_a_selector_is_refused_to_a_pod_that
     findings.check(replicas == Some(2), || {
         format!("web has {replicas:?} replicas, not the holder's 2: pb's scale got through")
     });
+}
+
+/// Issue 38, item 1 (I11): a lease that fences Deployments with a selector fences their
+/// `scale` subresource too, though a Scale carries no labels. A pod that does not hold the
+/// lease is refused its scale (PATCH and PUT) with 403 "does not hold"; the holder's pod
+/// scales.
+#[tokio::test]
+async fn a_scale_of_a_deployment_fenced_with_a_selector_is_refused_to_a_pod_that_does_not_hold() {
+    let ns = TestNamespace::new("sec-scale").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    deployment_web_fenced_by_selector(&ns).await;
+    claim_as_pod(&ns, pa, "books").await;
+    wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
+    let _beat = ns.keep_beating("pa", Duration::from_secs(1));
+    let as_pa: Api<Deployment> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
+    let as_pb: Api<Deployment> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
+    wait_allowed(
+        &ns.client_as_pod(pb).await,
+        &ns.name,
+        "patch",
+        "apps",
+        "deployments/scale",
+        None,
+    )
+    .await;
+
+    // The holder scales (once the apiserver's cache shows it as the holder).
+    accepted_within(WAIT, || scale(&as_pa, "web", 2))
+        .await
+        .unwrap_or_else(|last| panic!("the holder pa's scale of web was refused: {last}"));
+
+    let mut findings = Findings::default();
+    pbs_scales_are_refused(&ns, &as_pb, &mut findings).await;
     findings.finish();
 
     // The holder's scale still passes.
@@ -478,29 +271,16 @@ async fn a_scale_of_a_deployment_fenced_with_a_selector_is_refused_to_a_pod_that
 
 // ---- 2 ----
 
-/// Issue 38, item 2 (I7, I5): a pod of another namespace cannot make a local pod of the same
-/// name the holder. `B/twin`, allowed to make claims in A, creates there a claim naming
-/// `podName: twin`: refused 403 (the claim may name only the pod its creator runs in, and
-/// `B/twin` is not `A/twin`); `A/twin` never gets the token annotation and the lease never
-/// names its UID, while a pod of A that claims for itself is granted.
-#[tokio::test]
-async fn a_pod_of_another_namespace_cannot_make_a_local_pod_the_holder() {
-    let a = TestNamespace::new("sec-twin-a").await;
-    let b = TestNamespace::new("sec-twin-b").await;
-    a.with_fence_policies().await;
-    let _op = OperatorProcess::start(&a.name, &[]);
-    a.create_lease("books", 30);
-    // A/twin and a pod of A that will claim for itself (SA app of A, with the holder Role).
-    let local = a.app_pods(&["twin", "own"]).await;
-    let (a_twin, own) = (&local[0], &local[1]);
-    // B/twin, whose ServiceAccount is bound in A to the holder Role.
+/// B/twin, a pod of namespace `b` whose ServiceAccount is bound in `a` to the holder Role:
+/// a client as that pod, once it may create claims in `a`.
+async fn a_pod_of_b_that_may_claim_in_a(a: &TestNamespace, b: &TestNamespace) -> Client {
     let b_twin = b.create_pod_as("twin", "app").await;
     apply(
-        &a,
+        a,
         &std::fs::read_to_string(repo_root().join("deploy/rbac/holder-role.yaml")).unwrap(),
     );
     apply(
-        &a,
+        a,
         &json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": "b-app-holder"},
@@ -519,6 +299,54 @@ async fn a_pod_of_another_namespace_cannot_make_a_local_pod_the_holder() {
         None,
     )
     .await;
+    as_b_twin
+}
+
+/// Whether A/twin (`a_twin`) is made the holder of books, for a few seconds of the operator
+/// running: its annotation `key` and the lease's holder podUid, as found.
+async fn made_holder(
+    a: &TestNamespace,
+    a_twin: &TestPod,
+    key: &str,
+) -> Option<(Option<String>, Option<String>)> {
+    let leases = a.api::<FencedLease>();
+    let pods = a.api::<Pod>();
+    poll(Duration::from_secs(5), || async {
+        let annotated = pods
+            .get("twin")
+            .await
+            .ok()
+            .and_then(|p| p.metadata.annotations?.get(key).cloned());
+        let named = leases
+            .get("books")
+            .await
+            .ok()
+            .and_then(|l| l.status?.holder?.pod_uid)
+            .filter(|uid| *uid == a_twin.uid);
+        match (annotated, named) {
+            (None, None) => None,
+            found => Some(found),
+        }
+    })
+    .await
+}
+
+/// Issue 38, item 2 (I7, I5): a pod of another namespace cannot make a local pod of the same
+/// name the holder. `B/twin`, allowed to make claims in A, creates there a claim naming
+/// `podName: twin`: refused 403 (the claim may name only the pod its creator runs in, and
+/// `B/twin` is not `A/twin`); `A/twin` never gets the token annotation and the lease never
+/// names its UID, while a pod of A that claims for itself is granted.
+#[tokio::test]
+async fn a_pod_of_another_namespace_cannot_make_a_local_pod_the_holder() {
+    let a = TestNamespace::new("sec-twin-a").await;
+    let b = TestNamespace::new("sec-twin-b").await;
+    a.with_fence_policies().await;
+    let _op = OperatorProcess::start(&a.name, &[]);
+    a.create_lease("books", 30);
+    // A/twin and a pod of A that will claim for itself (SA app of A, with the holder Role).
+    let local = a.app_pods(&["twin", "own"]).await;
+    let (a_twin, own) = (&local[0], &local[1]);
+    let as_b_twin = a_pod_of_b_that_may_claim_in_a(&a, &b).await;
 
     let claim: FencedLeaseClaim = serde_json::from_value(json!({
         "apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim",
@@ -547,26 +375,7 @@ async fn a_pod_of_another_namespace_cannot_make_a_local_pod_the_holder() {
     // Whatever came of the create: A/twin is never made the holder, for a few seconds of the
     // operator running.
     let key = token_annotation_key("books");
-    let leases = a.api::<FencedLease>();
-    let pods = a.api::<Pod>();
-    let made_holder = poll(Duration::from_secs(5), || async {
-        let annotated = pods
-            .get("twin")
-            .await
-            .ok()
-            .and_then(|p| p.metadata.annotations?.get(&key).cloned());
-        let named = leases
-            .get("books")
-            .await
-            .ok()
-            .and_then(|l| l.status?.holder?.pod_uid)
-            .filter(|uid| *uid == a_twin.uid);
-        match (annotated, named) {
-            (None, None) => None,
-            found => Some(found),
-        }
-    })
-    .await;
+    let made_holder = made_holder(&a, a_twin, &key).await;
     findings.check(made_holder.is_none(), || {
         format!("A/twin, which never asked, was made the holder of books by B/twin's claim: (annotation {key}, lease holder podUid) = {made_holder:?}")
     });
@@ -575,7 +384,7 @@ async fn a_pod_of_another_namespace_cannot_make_a_local_pod_the_holder() {
     // The operator was serving A all along: a pod of A that claims for itself is granted.
     claim_as_pod(&a, own, "books").await;
     wait_for("A/own granted", WAIT, || a.granted_token("own")).await;
-    let twin = pods.get("twin").await.unwrap();
+    let twin = a.api::<Pod>().get("twin").await.unwrap();
     assert!(
         !twin
             .metadata
@@ -588,19 +397,11 @@ async fn a_pod_of_another_namespace_cannot_make_a_local_pod_the_holder() {
 
 // ---- 3 ----
 
-/// Issue 38, item 3 (I12): the exemption from the identity fence is explicit. A Role granting
-/// `verbs: ["*"]` on fencedleases and fencedleaseclaims ("manage our leases") does not exempt
-/// its pods: a pod that does not hold the lease is refused its ConfigMap create and update
-/// (403 "does not hold"); a pod whose Role names `override` explicitly writes.
-#[tokio::test]
-async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override_named_does() {
-    let ns = TestNamespace::new("sec-star").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
+/// Role lease-admin, `verbs: ["*"]` on fencedleases and fencedleaseclaims, for ServiceAccount
+/// app; Role fence-exempt, `override` by name and ConfigMap writes, for ServiceAccount scaler.
+fn grant_star_and_override(ns: &TestNamespace) {
     grant(
-        &ns,
+        ns,
         "lease-admin",
         "app",
         r#"
@@ -610,7 +411,7 @@ async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override
 "#,
     );
     grant(
-        &ns,
+        ns,
         "fence-exempt",
         "scaler",
         r#"
@@ -622,18 +423,48 @@ async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override
     verbs: ["get", "create", "update", "patch", "delete"]
 "#,
     );
+}
+
+/// pb, not the holder but allowed `*` on fencedleases, creates and updates ConfigMaps: each
+/// must be refused by the fence.
+async fn pbs_writes_are_refused(as_pb: &Api<ConfigMap>, findings: &mut Findings) {
+    let mut n = 0;
+    let create = refused_within(Duration::from_secs(10), || {
+        n += 1;
+        create_config_map(as_pb, config_map(&format!("pb-{n}"), "pb"))
+    })
+    .await;
+    let update = refused_within(Duration::from_secs(10), || {
+        merge_patch(as_pb, "ledger", json!({"data": {"x": "pb"}}))
+    })
+    .await;
+    for (what, outcome) in [("create", create), ("update", update)] {
+        match outcome {
+            Ok((code, message)) => findings.check(
+                code == 403 && message.contains("does not hold"),
+                || format!("pb's ConfigMap {what} was refused, but not by the fence: {code} {message}"),
+            ),
+            Err(last) => findings.check(false, || {
+                format!("pb, not the holder but allowed verbs [\"*\"] on fencedleases, had its ConfigMap {what} accepted for 10 s: {last}")
+            }),
+        }
+    }
+}
+
+/// Issue 38, item 3 (I12): the exemption from the identity fence is explicit. A Role granting
+/// `verbs: ["*"]` on fencedleases and fencedleaseclaims ("manage our leases") does not exempt
+/// its pods: a pod that does not hold the lease is refused its ConfigMap create and update
+/// (403 "does not hold"); a pod whose Role names `override` explicitly writes.
+#[tokio::test]
+async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override_named_does() {
+    let ns = TestNamespace::new("sec-star").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    grant_star_and_override(&ns);
     let scaler = ns.create_pod_as("scaler", "scaler").await;
-    create_lease_as(
-        &ns.client,
-        &ns.name,
-        "books",
-        json!({"leaseDurationSeconds": 30, "fence": {"resources": [{"resource": "configmaps"}]}}),
-    )
-    .await
-    .expect("create lease books");
-    claim_as_pod(&ns, pa, "books").await;
-    wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    let _beat = ns.keep_beating("pa", Duration::from_secs(1));
+    let _beat = books_held_by(&ns, pa, fencing_configmaps()).await;
 
     let pb_client = ns.client_as_pod(pb).await;
     let scaler_client = ns.client_as_pod(&scaler).await;
@@ -662,27 +493,7 @@ async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override
     .unwrap_or_else(|last| panic!("the holder pa's ConfigMap was refused: {last}"));
 
     let mut findings = Findings::default();
-    let mut n = 0;
-    let create = refused_within(Duration::from_secs(10), || {
-        n += 1;
-        create_config_map(&as_pb, config_map(&format!("pb-{n}"), "pb"))
-    })
-    .await;
-    let update = refused_within(Duration::from_secs(10), || {
-        merge_patch(&as_pb, "ledger", json!({"data": {"x": "pb"}}))
-    })
-    .await;
-    for (what, outcome) in [("create", create), ("update", update)] {
-        match outcome {
-            Ok((code, message)) => findings.check(
-                code == 403 && message.contains("does not hold"),
-                || format!("pb's ConfigMap {what} was refused, but not by the fence: {code} {message}"),
-            ),
-            Err(last) => findings.check(false, || {
-                format!("pb, not the holder but allowed verbs [\"*\"] on fencedleases, had its ConfigMap {what} accepted for 10 s: {last}")
-            }),
-        }
-    }
+    pbs_writes_are_refused(&as_pb, &mut findings).await;
     // A Role that names `override` is an exemption.
     let exempt = accepted_within(WAIT, || {
         create_config_map(&as_scaler, config_map("scaler", "scaler"))
@@ -699,18 +510,11 @@ async fn a_star_verb_on_fencedleases_does_not_exempt_from_the_fence_but_override
 
 // ---- 4 ----
 
-/// Issue 38, item 4 (I12): a lease fences only what its author may write. A user allowed only
-/// to create and read FencedLeases is refused a lease fencing ConfigMaps (the message names
-/// `configmaps`); once allowed to write ConfigMaps, the same user creates it. No one, the
-/// admin included, may fence coordination.k8s.io Leases (leader elections) or Events: 422
-/// naming `spec.fence.resources`. A lease following a coordination Lease (`spec.follow`) is
-/// refused until its author may `get` that Lease.
-#[tokio::test]
-async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_events() {
-    let ns = TestNamespace::new("sec-author").await;
-    ns.with_fence_policies().await;
+/// ServiceAccount tenant, allowed only to create and read FencedLeases: a client as it, once
+/// it may create them.
+async fn a_tenant_that_may_only_create_leases(ns: &TestNamespace) -> Client {
     grant(
-        &ns,
+        ns,
         "lease-author",
         "tenant",
         r#"
@@ -729,25 +533,12 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
         None,
     )
     .await;
-    let fencing_configmaps =
-        json!({"leaseDurationSeconds": 30, "fence": {"resources": [{"resource": "configmaps"}]}});
+    tenant
+}
 
-    let mut findings = Findings::default();
-    let created = create_lease_as(&tenant, &ns.name, "books", fencing_configmaps.clone()).await;
-    match refusal(&created) {
-        Some((code, message)) => findings.check(
-            (code == 403 || code == 422) && message.contains("configmaps"),
-            || format!("tenant's lease fencing configmaps was refused, but the message does not name configmaps: {code} {message}"),
-        ),
-        None => findings.check(false, || {
-            format!(
-                "tenant, who may not write ConfigMaps, created a lease fencing configmaps: {}",
-                describe(&created)
-            )
-        }),
-    }
-
-    // Anyone, the admin too: what the cluster needs to run is never fenced.
+/// Anyone, the admin too: what the cluster needs to run (coordination.k8s.io Leases, Events)
+/// is never fenced, refused 422 naming `spec.fence.resources`.
+async fn nobody_fences_leases_or_events(ns: &TestNamespace, findings: &mut Findings) {
     for (what, resource) in [
         (
             "coordination.k8s.io leases",
@@ -773,11 +564,16 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
             }),
         }
     }
-    findings.finish();
+}
 
-    // Once the tenant may write ConfigMaps, it may fence them.
+/// Once the tenant may write ConfigMaps, it may fence them.
+async fn once_allowed_to_write_configmaps_the_tenant_fences_them(
+    ns: &TestNamespace,
+    tenant: &Client,
+    spec: &serde_json::Value,
+) {
     grant(
-        &ns,
+        ns,
         "configmap-writer",
         "tenant",
         r#"
@@ -787,19 +583,21 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
 "#,
     );
     for verb in ["create", "update", "patch", "delete"] {
-        wait_allowed(&tenant, &ns.name, verb, "", "configmaps", None).await;
+        wait_allowed(tenant, &ns.name, verb, "", "configmaps", None).await;
     }
     accepted_within(WAIT, || {
-        create_lease_as(&tenant, &ns.name, "books", fencing_configmaps.clone())
+        create_lease_as(tenant, &ns.name, "books", spec.clone())
     })
     .await
     .unwrap_or_else(|last| {
         panic!("tenant, now allowed to write ConfigMaps, cannot fence them: {last}")
     });
+}
 
-    // Following a coordination Lease reveals its holder: only an author who may read it.
+/// Following a coordination Lease reveals its holder: only an author who may read it.
+async fn only_who_may_get_a_lease_follows_it(ns: &TestNamespace, tenant: &Client) {
     let following = json!({"follow": {"lease": "ctrl"}});
-    let created = create_lease_as(&tenant, &ns.name, "follower", following.clone()).await;
+    let created = create_lease_as(tenant, &ns.name, "follower", following.clone()).await;
     match refusal(&created) {
         Some((code, message)) => assert!(
             code == 403 && message.contains("may not get Lease ctrl"),
@@ -811,7 +609,7 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
         ),
     }
     grant(
-        &ns,
+        ns,
         "lease-reader",
         "tenant",
         r#"
@@ -821,7 +619,7 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
 "#,
     );
     wait_allowed(
-        &tenant,
+        tenant,
         &ns.name,
         "get",
         "coordination.k8s.io",
@@ -830,52 +628,53 @@ async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_event
     )
     .await;
     accepted_within(WAIT, || {
-        create_lease_as(&tenant, &ns.name, "follower", following.clone())
+        create_lease_as(tenant, &ns.name, "follower", following.clone())
     })
     .await
     .unwrap_or_else(|last| panic!("tenant, now allowed to get Leases, cannot follow one: {last}"));
 }
 
+/// Issue 38, item 4 (I12): a lease fences only what its author may write. A user allowed only
+/// to create and read FencedLeases is refused a lease fencing ConfigMaps (the message names
+/// `configmaps`); once allowed to write ConfigMaps, the same user creates it. No one, the
+/// admin included, may fence coordination.k8s.io Leases (leader elections) or Events: 422
+/// naming `spec.fence.resources`. A lease following a coordination Lease (`spec.follow`) is
+/// refused until its author may `get` that Lease.
+#[tokio::test]
+async fn a_lease_fences_only_what_its_author_may_write_and_never_leases_or_events() {
+    let ns = TestNamespace::new("sec-author").await;
+    ns.with_fence_policies().await;
+    let tenant = a_tenant_that_may_only_create_leases(&ns).await;
+    let fencing_configmaps = fencing_configmaps();
+
+    let mut findings = Findings::default();
+    let created = create_lease_as(&tenant, &ns.name, "books", fencing_configmaps.clone()).await;
+    match refusal(&created) {
+        Some((code, message)) => findings.check(
+            (code == 403 || code == 422) && message.contains("configmaps"),
+            || format!("tenant's lease fencing configmaps was refused, but the message does not name configmaps: {code} {message}"),
+        ),
+        None => findings.check(false, || {
+            format!(
+                "tenant, who may not write ConfigMaps, created a lease fencing configmaps: {}",
+                describe(&created)
+            )
+        }),
+    }
+    nobody_fences_leases_or_events(&ns, &mut findings).await;
+    findings.finish();
+
+    once_allowed_to_write_configmaps_the_tenant_fences_them(&ns, &tenant, &fencing_configmaps)
+        .await;
+    only_who_may_get_a_lease_follows_it(&ns, &tenant).await;
+}
+
 // ---- 5 ----
 
-/// Issue 38, item 5 (I12): a lease deleted with its finalizer stripped leaves nothing that
-/// refuses. After the lease that fenced ConfigMaps (granted to pa) is deleted that way, the
-/// admin's ConfigMap writes are all accepted, so is a pod's, and the kinds slot of ConfigMaps
-/// no longer lists the namespace within 10 s (not at the 5-minute sweep), so that nothing
-/// refuses there even while the apiserver cannot read FencedLeases.
-#[tokio::test]
-async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses() {
-    let ns = TestNamespace::new("sec-stripped").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
-    create_lease_as(
-        &ns.client,
-        &ns.name,
-        "books",
-        json!({"leaseDurationSeconds": 30, "fence": {"resources": [{"resource": "configmaps"}]}}),
-    )
-    .await
-    .expect("create lease books");
-    claim_as_pod(&ns, pa, "books").await;
-    wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    let _beat = ns.keep_beating("pa", Duration::from_secs(1));
-    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
-    let as_pb: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
-    // The fence is in force: the holder writes, pb is refused.
-    accepted_within(WAIT, || create_config_map(&as_pa, config_map("pa", "pa")))
-        .await
-        .unwrap_or_else(|last| panic!("the holder pa's ConfigMap was refused: {last}"));
-    let mut n = 0;
-    refused_within(WAIT, || {
-        n += 1;
-        create_config_map(&as_pb, config_map(&format!("pb-{n}"), "pb"))
-    })
-    .await
-    .unwrap_or_else(|last| panic!("precondition: the fence never refused pb: {last}"));
-
-    // The lease goes without its finalizer.
+/// Deletes lease books with its finalizer stripped, stripped again until it is gone (the
+/// operator may put it back between the strip and the delete: a live lease always has it), as
+/// a user would. Returns when the delete was sent.
+async fn delete_stripped_of_its_finalizer(ns: &TestNamespace) -> Instant {
     let leases = ns.api::<FencedLease>();
     leases
         .patch(
@@ -890,8 +689,6 @@ async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses
         .await
         .expect("delete lease books");
     let deleted = Instant::now();
-    // The operator may have put its finalizer back between the strip and the delete (a live
-    // lease always has it): stripped again until the lease is gone, as a user would.
     wait_for("lease books gone", Duration::from_secs(10), || async {
         let lease = leases.get_opt("books").await.unwrap();
         if lease.is_some_and(|l| l.metadata.finalizers.is_some_and(|f| !f.is_empty())) {
@@ -906,9 +703,11 @@ async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses
             .then_some(())
     })
     .await;
+    deleted
+}
 
-    let mut findings = Findings::default();
-    // The admin writes ConfigMaps, 10 over 5 s.
+/// The admin writes ConfigMaps, 10 over 5 s: each must be accepted.
+async fn the_admins_writes_are_accepted(ns: &TestNamespace, findings: &mut Findings) {
     let admin = ns.api::<ConfigMap>();
     let mut refused = Vec::new();
     for i in 0..10 {
@@ -930,17 +729,10 @@ async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses
             refused.first().cloned().unwrap_or_default()
         )
     });
-    // A pod's write too: no lease fences ConfigMaps any more.
-    let result = as_pb
-        .create(&PostParams::default(), &config_map("pb-after", "pb"))
-        .await;
-    findings.check(result.is_ok(), || {
-        format!(
-            "pb's ConfigMap create after the lease was gone: {}",
-            describe(&result)
-        )
-    });
-    // The namespace leaves the kinds slot with the lease's delete event.
+}
+
+/// Whether no kinds slot lists `ns` any more by `deadline`.
+async fn no_slot_lists_the_namespace_by(ns: &TestNamespace, deadline: Instant) -> bool {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(ns.client.clone());
     let listing = || async {
         let mut listing = vec![];
@@ -954,12 +746,51 @@ async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses
         }
         Some(listing)
     };
-    let left = deleted + Duration::from_secs(10);
-    let gone = poll(left.saturating_duration_since(Instant::now()), || async {
-        listing().await.filter(|l| l.is_empty())
-    })
-    .await;
-    findings.check(gone.is_some(), || {
+    poll(
+        deadline.saturating_duration_since(Instant::now()),
+        || async { listing().await.filter(|l| l.is_empty()) },
+    )
+    .await
+    .is_some()
+}
+
+/// Issue 38, item 5 (I12): a lease deleted with its finalizer stripped leaves nothing that
+/// refuses. After the lease that fenced ConfigMaps (granted to pa) is deleted that way, the
+/// admin's ConfigMap writes are all accepted, so is a pod's, and the kinds slot of ConfigMaps
+/// no longer lists the namespace within 10 s (not at the 5-minute sweep), so that nothing
+/// refuses there even while the apiserver cannot read FencedLeases.
+#[tokio::test]
+async fn a_lease_deleted_with_its_finalizer_stripped_leaves_nothing_that_refuses() {
+    let ns = TestNamespace::new("sec-stripped").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    let _beat = books_held_by(&ns, pa, fencing_configmaps()).await;
+    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
+    let as_pb: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
+    // The fence is in force: the holder writes, pb is refused.
+    accepted_within(WAIT, || create_config_map(&as_pa, config_map("pa", "pa")))
+        .await
+        .unwrap_or_else(|last| panic!("the holder pa's ConfigMap was refused: {last}"));
+    wait_fence_refuses_pb(&as_pb).await;
+
+    let deleted = delete_stripped_of_its_finalizer(&ns).await;
+    let mut findings = Findings::default();
+    the_admins_writes_are_accepted(&ns, &mut findings).await;
+    // A pod's write too: no lease fences ConfigMaps any more.
+    let result = as_pb
+        .create(&PostParams::default(), &config_map("pb-after", "pb"))
+        .await;
+    findings.check(result.is_ok(), || {
+        format!(
+            "pb's ConfigMap create after the lease was gone: {}",
+            describe(&result)
+        )
+    });
+    // The namespace leaves the kinds slot with the lease's delete event.
+    let gone = no_slot_lists_the_namespace_by(&ns, deleted + Duration::from_secs(10)).await;
+    findings.check(gone, || {
         "10 s after the lease's delete, a kinds slot still lists the namespace".to_string()
     });
     findings.finish();
@@ -995,25 +826,21 @@ async fn a_lease_with_a_bad_fence_selector_is_refused_at_admission() {
     );
 }
 
-/// Issue 38, item 6b (I12): fail closed, loudly. An operator running with its documented RBAC
-/// but without `fenced-lease-operator-fences` cannot put a lease's fence in place, so it does
-/// not grant that lease: its claim stays Pending, the lease's condition `Held` is `False` with
-/// reason `FenceNotInForce`, a Warning Event `FenceNotInForce` is on the lease, and
-/// `fenced_lease_reconcile_errors_total{error="fence"}` counts it. A lease without a fence in
-/// the same namespace is granted as usual.
-#[tokio::test]
-async fn a_lease_whose_fence_cannot_be_put_in_place_is_not_granted() {
-    let ns = TestNamespace::new("sec-closed").await;
-    ns.with_fence_policies().await;
-    let mut cleanup = ClusterObjects::default();
+/// ServiceAccount `operator` of `ns` with the operator's documented RBAC but without
+/// `fenced-lease-operator-fences`: its ClusterRole bound cluster-wide (removed with `cleanup`)
+/// and its Role in `ns`, once both are in force.
+async fn an_operator_identity_without_the_fences_role(
+    ns: &TestNamespace,
+    cleanup: &mut ClusterObjects,
+) {
     ns.create_service_account("operator").await;
-    bind_operator_cluster_roles(&ns, "operator", &["fenced-lease-operator"], &mut cleanup);
+    bind_operator_cluster_roles(ns, "operator", &["fenced-lease-operator"], cleanup);
     apply(
-        &ns,
+        ns,
         &operator_rbac_document("Role", "fenced-lease-operator").to_string(),
     );
     apply(
-        &ns,
+        ns,
         &json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": "fenced-lease-operator"},
@@ -1029,14 +856,14 @@ async fn a_lease_whose_fence_cannot_be_put_in_place_is_not_granted() {
     ] {
         wait_role_in_force(&as_operator, &ns.name, &operator_rbac_document(kind, role)).await;
     }
-    create_lease_as(
-        &ns.client,
-        &ns.name,
-        "fenced",
-        json!({"leaseDurationSeconds": 30, "fence": {"resources": [{"resource": "configmaps"}]}}),
-    )
-    .await
-    .expect("create lease fenced");
+}
+
+/// Lease fenced (fencing ConfigMaps) and lease plain (no fence), each with a claim that
+/// heartbeats every second while the returned beats live.
+async fn a_fenced_and_a_plain_lease_claimed(ns: &TestNamespace) -> [Beating; 2] {
+    create_lease_as(&ns.client, &ns.name, "fenced", fencing_configmaps())
+        .await
+        .expect("create lease fenced");
     create_lease_as(
         &ns.client,
         &ns.name,
@@ -1047,18 +874,19 @@ async fn a_lease_whose_fence_cannot_be_put_in_place_is_not_granted() {
     .expect("create lease plain");
     ns.create_claim("c-fenced", "fenced", None).await;
     ns.create_claim("c-plain", "plain", None).await;
-    let _beats = [
+    [
         ns.keep_beating("c-fenced", Duration::from_secs(1)),
         ns.keep_beating("c-plain", Duration::from_secs(1)),
-    ];
+    ]
+}
 
-    let kubeconfig = ns.service_account_kubeconfig("operator");
-    let op = OperatorProcess::start_as(&ns.name, &[], &kubeconfig);
-    let started = Instant::now();
-    // No collateral: the lease without a fence is granted.
-    wait_for("c-plain granted", WAIT, || ns.granted_token("c-plain")).await;
-
-    let mut findings = Findings::default();
+/// Lease fenced says, within 15 s each, that its fence is not in force: its condition
+/// Held=False reason FenceNotInForce, a Warning Event, and the operator's error metric.
+async fn the_fence_not_in_force_is_told(
+    ns: &TestNamespace,
+    op: &OperatorProcess,
+    findings: &mut Findings,
+) {
     let leases = ns.api::<FencedLease>();
     let condition = poll(Duration::from_secs(15), || async {
         let lease = leases.get("fenced").await.ok()?;
@@ -1092,19 +920,24 @@ async fn a_lease_whose_fence_cannot_be_put_in_place_is_not_granted() {
         "no Warning Event FenceNotInForce on lease fenced".into()
     });
     let errors = poll(Duration::from_secs(15), || async {
-        metric_with_label(
-            &op,
-            "fenced_lease_reconcile_errors_total",
-            "error=\"fence\"",
-        )
-        .await
-        .filter(|v| *v > 0.0)
+        metric_with_label(op, "fenced_lease_reconcile_errors_total", "error=\"fence\"")
+            .await
+            .filter(|v| *v > 0.0)
     })
     .await;
     findings.check(errors.is_some(), || {
         "fenced_lease_reconcile_errors_total{error=\"fence\"} is not > 0".into()
     });
-    // Never granted, over at least 5 s of the operator running.
+}
+
+/// Claim c-fenced is never granted, over at least 5 s of the operator running (since
+/// `started`), and stays Pending.
+async fn the_fenced_claim_stays_pending(
+    ns: &TestNamespace,
+    op: &OperatorProcess,
+    started: Instant,
+    findings: &mut Findings,
+) {
     let claims = ns.api::<FencedLeaseClaim>();
     let mut phase = None;
     loop {
@@ -1128,6 +961,31 @@ async fn a_lease_whose_fence_cannot_be_put_in_place_is_not_granted() {
     findings.check(phase == Some(ClaimPhase::Pending), || {
         format!("claim c-fenced is {phase:?}, not Pending")
     });
+}
+
+/// Issue 38, item 6b (I12): fail closed, loudly. An operator running with its documented RBAC
+/// but without `fenced-lease-operator-fences` cannot put a lease's fence in place, so it does
+/// not grant that lease: its claim stays Pending, the lease's condition `Held` is `False` with
+/// reason `FenceNotInForce`, a Warning Event `FenceNotInForce` is on the lease, and
+/// `fenced_lease_reconcile_errors_total{error="fence"}` counts it. A lease without a fence in
+/// the same namespace is granted as usual.
+#[tokio::test]
+async fn a_lease_whose_fence_cannot_be_put_in_place_is_not_granted() {
+    let ns = TestNamespace::new("sec-closed").await;
+    ns.with_fence_policies().await;
+    let mut cleanup = ClusterObjects::default();
+    an_operator_identity_without_the_fences_role(&ns, &mut cleanup).await;
+    let _beats = a_fenced_and_a_plain_lease_claimed(&ns).await;
+
+    let kubeconfig = ns.service_account_kubeconfig("operator");
+    let op = OperatorProcess::start_as(&ns.name, &[], &kubeconfig);
+    let started = Instant::now();
+    // No collateral: the lease without a fence is granted.
+    wait_for("c-plain granted", WAIT, || ns.granted_token("c-plain")).await;
+
+    let mut findings = Findings::default();
+    the_fence_not_in_force_is_told(&ns, &op, &mut findings).await;
+    the_fenced_claim_stays_pending(&ns, &op, started, &mut findings).await;
     findings.finish();
 }
 

@@ -14,30 +14,24 @@
 
 use crate::common;
 
-use std::time::Duration;
-
+use common::TestNamespace;
 use common::operator::OperatorProcess;
-use common::{TestNamespace, wait_for};
 use fenced_lease::api::FencedLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::security::{
-    Findings, WAIT, accepted_within, claim_as_pod, config_map, create_config_map, create_lease_as,
-    grant, merge_patch, refused_within, wait_allowed,
+use super::harness::{
+    Findings, WAIT, accepted_within, books_held_by, config_map, create_config_map, describe,
+    fencing_configmaps, grant, merge_patch, refused_within, wait_allowed, wait_fence_refuses_pb,
 };
 
-#[tokio::test]
-async fn a_token_bound_to_no_pod_is_refused_when_only_the_holder_writes() {
-    let ns = TestNamespace::new("only-holder").await;
-    ns.with_fence_policies().await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
-    // CI: a ServiceAccount allowed to write ConfigMaps and `override` on the lease by name.
+/// CI: a ServiceAccount allowed to write ConfigMaps and `override` on the lease by name; a
+/// client as it once the authorizer allows the override.
+async fn ci_exempt_by_name(ns: &TestNamespace) -> Client {
     grant(
-        &ns,
+        ns,
         "ci-exempt",
         "ci",
         r#"
@@ -50,23 +44,6 @@ async fn a_token_bound_to_no_pod_is_refused_when_only_the_holder_writes() {
     verbs: ["get", "create", "update", "patch"]
 "#,
     );
-    create_lease_as(
-        &ns.client,
-        &ns.name,
-        "books",
-        json!({"leaseDurationSeconds": 30, "fence": {"resources": [{"resource": "configmaps"}]}}),
-    )
-    .await
-    .expect("create lease books");
-    claim_as_pod(&ns, pa, "books").await;
-    wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    let _beat = ns.keep_beating("pa", Duration::from_secs(1));
-
-    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
-    let as_pb: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
-    // pb's ServiceAccount, with a token bound to no pod (`create serviceaccounts/token`).
-    let as_minted: Api<ConfigMap> =
-        Api::namespaced(ns.client_as(&pb.service_account, None).await, &ns.name);
     let ci = ns.client_as("ci", None).await;
     wait_allowed(
         &ci,
@@ -77,28 +54,16 @@ async fn a_token_bound_to_no_pod_is_refused_when_only_the_holder_writes() {
         Some("books"),
     )
     .await;
-    let as_ci: Api<ConfigMap> = Api::namespaced(ci, &ns.name);
-    accepted_within(WAIT, || {
-        create_config_map(&as_pa, config_map("ledger", "pa"))
-    })
-    .await
-    .unwrap_or_else(|last| panic!("the holder pa's ConfigMap was refused: {last}"));
-    refused_within(WAIT, || {
-        merge_patch(&as_pb, "ledger", json!({"data": {"x": "pb"}}))
-    })
-    .await
-    .unwrap_or_else(|last| panic!("precondition: pb's own token was never refused: {last}"));
+    ci
+}
 
-    let mut findings = Findings::default();
-    // By default a writer that is not a pod meets only the token rule (unchanged).
-    let minted = merge_patch(&as_minted, "ledger", json!({"data": {"x": "minted"}})).await;
-    findings.check(minted.is_ok(), || {
-        format!(
-            "by default, the minted token's unstamped patch was refused: {}",
-            super::security::describe(&minted)
-        )
-    });
-
+/// Once lease books has `spec.onlyHolderWrites`, a write through the minted token is refused,
+/// naming the field and the exemption.
+async fn only_holder_writes_refuses_the_minted_token(
+    ns: &TestNamespace,
+    as_minted: &Api<ConfigMap>,
+    findings: &mut Findings,
+) {
     ns.api::<FencedLease>()
         .patch(
             "books",
@@ -108,7 +73,7 @@ async fn a_token_bound_to_no_pod_is_refused_when_only_the_holder_writes() {
         .await
         .expect("set spec.onlyHolderWrites");
     let refused = refused_within(WAIT, || {
-        merge_patch(&as_minted, "ledger", json!({"data": {"x": "minted-again"}}))
+        merge_patch(as_minted, "ledger", json!({"data": {"x": "minted-again"}}))
     })
     .await;
     match refused {
@@ -130,19 +95,58 @@ async fn a_token_bound_to_no_pod_is_refused_when_only_the_holder_writes() {
             )
         }),
     }
+}
+
+#[tokio::test]
+async fn a_token_bound_to_no_pod_is_refused_when_only_the_holder_writes() {
+    let ns = TestNamespace::new("only-holder").await;
+    ns.with_fence_policies().await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    let ci = ci_exempt_by_name(&ns).await;
+    let _beat = books_held_by(&ns, pa, fencing_configmaps()).await;
+
+    let as_pa: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pa).await, &ns.name);
+    let as_pb: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
+    // pb's ServiceAccount, with a token bound to no pod (`create serviceaccounts/token`).
+    let as_minted: Api<ConfigMap> =
+        Api::namespaced(ns.client_as(&pb.service_account, None).await, &ns.name);
+    let as_ci: Api<ConfigMap> = Api::namespaced(ci, &ns.name);
+    accepted_within(WAIT, || {
+        create_config_map(&as_pa, config_map("ledger", "pa"))
+    })
+    .await
+    .unwrap_or_else(|last| panic!("the holder pa's ConfigMap was refused: {last}"));
+    refused_within(WAIT, || {
+        merge_patch(&as_pb, "ledger", json!({"data": {"x": "pb"}}))
+    })
+    .await
+    .unwrap_or_else(|last| panic!("precondition: pb's own token was never refused: {last}"));
+
+    let mut findings = Findings::default();
+    // By default a writer that is not a pod meets only the token rule (unchanged).
+    let minted = merge_patch(&as_minted, "ledger", json!({"data": {"x": "minted"}})).await;
+    findings.check(minted.is_ok(), || {
+        format!(
+            "by default, the minted token's unstamped patch was refused: {}",
+            describe(&minted)
+        )
+    });
+    only_holder_writes_refuses_the_minted_token(&ns, &as_minted, &mut findings).await;
     // The exemption, and the holder, still write.
     let exempt = merge_patch(&as_ci, "ledger", json!({"data": {"x": "ci"}})).await;
     findings.check(exempt.is_ok(), || {
         format!(
             "ci, allowed override on the lease by name, was refused: {}",
-            super::security::describe(&exempt)
+            describe(&exempt)
         )
     });
     let holder = merge_patch(&as_pa, "ledger", json!({"data": {"x": "pa-again"}})).await;
     findings.check(holder.is_ok(), || {
         format!(
             "the holder was refused under onlyHolderWrites: {}",
-            super::security::describe(&holder)
+            describe(&holder)
         )
     });
     findings.finish();
@@ -175,29 +179,14 @@ async fn a_non_holders_delete_of_a_fenced_owner_is_refused_and_its_dependents_st
         .create(&PostParams::default(), &secret)
         .await
         .expect("create the dependent");
-    create_lease_as(
-        &ns.client,
-        &ns.name,
-        "books",
-        json!({"leaseDurationSeconds": 30, "fence": {"resources": [
-            {"resource": "secrets"}, {"resource": "configmaps"},
-        ]}}),
-    )
-    .await
-    .expect("create lease books");
-    claim_as_pod(&ns, pa, "books").await;
-    wait_for("pa granted", WAIT, || ns.granted_token("pa")).await;
-    let _beat = ns.keep_beating("pa", Duration::from_secs(1));
+    let spec = json!({"leaseDurationSeconds": 30, "fence": {"resources": [
+        {"resource": "secrets"}, {"resource": "configmaps"},
+    ]}});
+    let _beat = books_held_by(&ns, pa, spec).await;
 
     let as_pb: Api<ConfigMap> = Api::namespaced(ns.client_as_pod(pb).await, &ns.name);
     // The fence is in force in the apiserver's caches before the delete is tried once.
-    let mut n = 0;
-    refused_within(WAIT, || {
-        n += 1;
-        create_config_map(&as_pb, config_map(&format!("pb-{n}"), "pb"))
-    })
-    .await
-    .unwrap_or_else(|last| panic!("precondition: the fence never refused pb: {last}"));
+    wait_fence_refuses_pb(&as_pb).await;
     let deleted = as_pb.delete("owner", &DeleteParams::background()).await;
     let Err(kube::Error::Api(refusal)) = &deleted else {
         panic!("pb, not the holder, deleted the fenced owner: {deleted:?}");

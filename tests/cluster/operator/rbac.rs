@@ -36,10 +36,9 @@ async fn create<
         .expect("create");
 }
 
-#[tokio::test]
-async fn operator_works_with_only_its_documented_role() {
-    let ns = TestNamespace::new("op-rbac-self").await;
-    ns.with_fence_policies().await;
+/// ServiceAccount operator of `ns`, bound to exactly the roles of deploy/rbac/operator.yaml
+/// (its ClusterRoles cluster-wide, its Role in `ns`). Returns its user name.
+async fn bind_the_documented_roles(ns: &TestNamespace) -> String {
     let _ = ns.client_as_service_account("operator").await;
     let rbac = std::fs::read_to_string(repo_root().join("deploy/rbac/operator.yaml")).unwrap();
     let out = ns.kubectl_apply(&rbac);
@@ -66,9 +65,13 @@ async fn operator_works_with_only_its_documented_role() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Bindings reach the authorizer through an informer: wait until they are in force, so
-    // that any "forbidden" the operator logs afterwards is a permission it really lacks.
-    let subject = format!("system:serviceaccount:{}:operator", ns.name);
+    format!("system:serviceaccount:{}:operator", ns.name)
+}
+
+/// Bindings reach the authorizer through an informer: waits until they are in force for
+/// `subject`, so that any "forbidden" the operator logs afterwards is a permission it really
+/// lacks.
+async fn wait_bindings_in_force(ns: &TestNamespace, subject: &str) {
     for (verb, resource, sub) in [
         ("patch", "fencedleases.fencing.dev", ""),
         ("update", "fencedleases.fencing.dev", "status"),
@@ -98,7 +101,7 @@ async fn operator_works_with_only_its_documented_role() {
                         "--subresource",
                         sub,
                         "--as",
-                        &subject,
+                        subject,
                     ])
                     .output()
                     .ok()?;
@@ -107,8 +110,11 @@ async fn operator_works_with_only_its_documented_role() {
         )
         .await;
     }
-    // Its admission objects only its own (I12): no admission object created, deleted or
-    // changed but the kinds slots' policies.
+}
+
+/// Its admission objects only its own (I12): `subject` may create, delete or change no
+/// admission object but the kinds slots' policies.
+fn assert_no_admission_object_but_the_slots(ns: &TestNamespace, subject: &str) {
     for (verb, resource) in [
         ("create", "validatingadmissionpolicies"),
         (
@@ -136,7 +142,7 @@ async fn operator_works_with_only_its_documented_role() {
     ] {
         let out = ns
             .kubectl()
-            .args(["auth", "can-i", verb, resource, "--as", &subject])
+            .args(["auth", "can-i", verb, resource, "--as", subject])
             .output()
             .unwrap();
         assert_eq!(
@@ -145,22 +151,38 @@ async fn operator_works_with_only_its_documented_role() {
             "the operator may {verb} {resource}"
         );
     }
-    let kubeconfig = ns.service_account_kubeconfig("operator");
-    let op = OperatorProcess::start_as(
-        &ns.name,
-        &["--leader-election=true", "--identity", "rbac-test"],
-        &kubeconfig,
-    );
+}
 
-    create::<FencedLease>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {"fenceObjects": true, "fence": {"resources": [{"resource": "configmaps"}]}}})).await;
-    create::<Pod>(&ns, json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "example.invalid/x:1"}]}})).await;
+/// Lease l (fencing labelled objects and ConfigMaps), pod p, and claims a (for p) and b.
+async fn a_lease_a_pod_and_two_claims(ns: &TestNamespace) {
+    create::<FencedLease>(ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLease", "metadata": {"name": "l"}, "spec": {"fenceObjects": true, "fence": {"resources": [{"resource": "configmaps"}]}}})).await;
+    create::<Pod>(ns, json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "example.invalid/x:1"}]}})).await;
     for (claim, pod) in [("a", Some("p")), ("b", None)] {
         let mut spec = json!({"leaseName": "l", "holderIdentity": claim});
         if let Some(pod) = pod {
             spec["podName"] = json!(pod);
         }
-        create::<FencedLeaseClaim>(&ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim}, "spec": spec})).await;
+        create::<FencedLeaseClaim>(ns, json!({"apiVersion": "fencing.dev/v1alpha1", "kind": "FencedLeaseClaim", "metadata": {"name": claim}, "spec": spec})).await;
     }
+}
+
+/// The kinds slot that lists `ns`, if one does.
+async fn slot_listing(ns: &TestNamespace) -> Option<String> {
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
+    for name in shipped::slot_names() {
+        let policy = policies.get(&name).await.unwrap();
+        if let Ok(Some(a)) = shipped::assignment(&policy)
+            && a.namespaces.contains(&ns.name)
+        {
+            return Some(name);
+        }
+    }
+    None
+}
+
+/// a is granted and its pod annotated, once a kinds slot lists the namespace (spec.fence);
+/// released, b is granted above it. Returns b's token.
+async fn grants_annotates_and_hands_over(ns: &TestNamespace) -> i64 {
     // RBAC bindings reach the authorizer through an informer; the operator retries.
     let token = wait_for("a granted", WAIT, || ns.granted_token("a")).await;
     assert!(token > 0);
@@ -171,20 +193,8 @@ async fn operator_works_with_only_its_documented_role() {
     })
     .await;
     // spec.fence: granted once a kinds slot lists the namespace, which only the operator writes.
-    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client.clone());
-    let listed = || async {
-        for name in shipped::slot_names() {
-            let policy = policies.get(&name).await.unwrap();
-            if let Ok(Some(a)) = shipped::assignment(&policy)
-                && a.namespaces.contains(&ns.name)
-            {
-                return Some(name);
-            }
-        }
-        None
-    };
     assert!(
-        listed().await.is_some(),
+        slot_listing(ns).await.is_some(),
         "granted before a slot listed the namespace"
     );
     ns.api::<FencedLeaseClaim>()
@@ -193,11 +203,15 @@ async fn operator_works_with_only_its_documented_role() {
         .unwrap();
     let second = wait_for("b granted", WAIT, || ns.granted_token("b")).await;
     assert!(second > token);
+    second
+}
 
-    // Deletion goes through the finalizer, which writes the ConfigMap it may write.
+/// Deletion goes through the finalizer, which writes the ConfigMap it may write (l's last
+/// token, `last`), and takes the namespace out of the slot.
+async fn deletes_through_the_finalizer(ns: &TestNamespace, last: i64) {
     ns.delete_lease("l").await;
     wait_for("the slot no longer lists the namespace", WAIT, || async {
-        listed().await.is_none().then_some(())
+        slot_listing(ns).await.is_none().then_some(())
     })
     .await;
     let cm = ns
@@ -207,8 +221,27 @@ async fn operator_works_with_only_its_documented_role() {
         .unwrap();
     assert_eq!(
         cm.data.unwrap().get("l").map(String::as_str),
-        Some(second.to_string().as_str())
+        Some(last.to_string().as_str())
     );
+}
+
+#[tokio::test]
+async fn operator_works_with_only_its_documented_role() {
+    let ns = TestNamespace::new("op-rbac-self").await;
+    ns.with_fence_policies().await;
+    let subject = bind_the_documented_roles(&ns).await;
+    wait_bindings_in_force(&ns, &subject).await;
+    assert_no_admission_object_but_the_slots(&ns, &subject);
+    let kubeconfig = ns.service_account_kubeconfig("operator");
+    let op = OperatorProcess::start_as(
+        &ns.name,
+        &["--leader-election=true", "--identity", "rbac-test"],
+        &kubeconfig,
+    );
+
+    a_lease_a_pod_and_two_claims(&ns).await;
+    let second = grants_annotates_and_hands_over(&ns).await;
+    deletes_through_the_finalizer(&ns, second).await;
 
     // Events are published (from a queue, so they may trail the grant).
     wait_for("a Granted Event", WAIT, || async {
