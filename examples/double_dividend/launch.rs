@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::{AsyncBufReadExt, TryStreamExt};
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, LogParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -161,27 +161,7 @@ async fn start_process(client: &Client, launch: &Launch<'_>, name: &'static str)
         },
     }))?;
     let uid = create(&pods, &pod).await?;
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name.into()),
-                uid: Some(uid.clone()),
-            }),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), launch.namespace);
-    let issued: TokenRequest = accounts
-        .create_subresource("token", WORKER_ACCOUNT, &PostParams::default(), &request)
-        .await?;
-    let token = issued
-        .status
-        .and_then(|s| s.token)
-        .ok_or("TokenRequest without a token")?;
+    let token = pod_token(client, launch.namespace, name, &uid).await?;
     let log = std::fs::File::create(launch.log_dir.join(format!("{name}.log")))?;
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
         .args(worker_args(launch, name))
@@ -205,6 +185,25 @@ async fn start_process(client: &Client, launch: &Launch<'_>, name: &'static str)
         }
     });
     Ok(Worker::Process { name, child })
+}
+
+/// The token a kubelet would mount in pod `name` (`uid`): its ServiceAccount's, bound to the
+/// pod, so that the apiserver knows which pod writes. Valid for an hour.
+async fn pod_token(client: &Client, namespace: &str, name: &str, uid: &str) -> Result<String> {
+    let request: TokenRequest = serde_json::from_value(json!({
+        "spec": {
+            "expirationSeconds": 3600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+        },
+    }))?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let issued: TokenRequest = accounts
+        .create_subresource("token", WORKER_ACCOUNT, &PostParams::default(), &request)
+        .await?;
+    Ok(issued
+        .status
+        .and_then(|s| s.token)
+        .ok_or("TokenRequest without a token")?)
 }
 
 // ---- a pod ------------------------------------------------------------------------------
