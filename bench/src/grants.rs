@@ -198,7 +198,7 @@ where
 }
 
 /// The state of namespace `ns` as the API has it: claims by phase, leases held or not.
-pub async fn api_state(client: &Client, ns: &str) -> String {
+async fn api_state(client: &Client, ns: &str) -> String {
     let claims: Api<FencedLeaseClaim> = Api::namespaced(client.clone(), ns);
     let leases: Api<FencedLease> = Api::namespaced(client.clone(), ns);
     let mut phases: BTreeMap<String, usize> = BTreeMap::new();

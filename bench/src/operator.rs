@@ -12,7 +12,7 @@ use crate::Res;
 use crate::procfs::{apiserver_port, cpu_seconds, fds, peak_rss_mib, rss_mib, tcp_states};
 
 /// A free TCP port on loopback (racy, good enough on a quiet machine).
-pub fn free_port() -> u16 {
+fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -20,7 +20,7 @@ pub fn free_port() -> u16 {
 }
 
 /// GET `path` from a plain-HTTP server on loopback (the operator's metrics endpoint).
-pub fn http_get(port: u16, path: &str) -> String {
+fn http_get(port: u16, path: &str) -> String {
     let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return String::new();
     };
@@ -35,16 +35,16 @@ pub fn http_get(port: u16, path: &str) -> String {
 
 /// What the log of a child process held, for failure reports.
 #[derive(Debug, Default)]
-pub struct LogSummary {
-    pub lines: u64,
-    pub warnings: u64,
-    pub errors: u64,
+struct LogSummary {
+    lines: u64,
+    warnings: u64,
+    errors: u64,
     /// WARN/ERROR messages (fields cut off) by count.
-    pub messages: HashMap<String, u64>,
+    messages: HashMap<String, u64>,
 }
 
 impl LogSummary {
-    pub fn top(&self, n: usize) -> Vec<(String, u64)> {
+    fn top(&self, n: usize) -> Vec<(String, u64)> {
         let mut all: Vec<(String, u64)> =
             self.messages.iter().map(|(m, c)| (m.clone(), *c)).collect();
         all.sort_by_key(|b| std::cmp::Reverse(b.1));

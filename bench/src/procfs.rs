@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 /// Ticks of /proc/<pid>/stat's utime and stime per second (USER_HZ; 100 on Linux/x86_64).
 const TICKS_PER_SECOND: f64 = 100.0;
 
-/// A process's CPU time so far, in seconds (user + system), and its thread count.
+/// A process's CPU time so far, in seconds (user + system).
 pub fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces) start at ") ".
