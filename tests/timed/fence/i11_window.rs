@@ -170,52 +170,52 @@ fn ms(later: SystemTime, earlier: SystemTime) -> f64 {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn i11_the_old_holders_library_stops_a_margin_before_the_grant_and_the_fence_within_it() {
-    let ns = TestNamespace::new("i11-window").await;
-    ns.with_fence_policies().await;
-    let op = OperatorProcess::start(&ns.name, &[]);
-    let pods = ns.app_pods(&["pa", "pb"]).await;
-    let (pa, pb) = (&pods[0], &pods[1]);
-    let out = ns.kubectl_apply(&lease());
-    assert!(out.status.success(), "{}", common::cli::both(&out));
-    let margin = Timing::default_margin(Duration::from_secs(D));
+/// A's library reaches the apiserver through a proxy the test cuts; A's writes and B go
+/// directly. Both authenticate as their pods.
+struct Clients {
+    a_proxy: Proxy,
+    a_library: Client,
+    a_writes: Api<ConfigMap>,
+    b_library: Client,
+}
 
-    // A's library reaches the apiserver through a proxy the test cuts; A's writes and B go
-    // directly. Both authenticate as their pods.
-    let a_proxy = Proxy::start(&ns).await;
+async fn clients(ns: &TestNamespace, pa: &TestPod, pb: &TestPod) -> Clients {
+    let a_proxy = Proxy::start(ns).await;
     let a_kubeconfig = a_proxy.rewrite(
         &ns.kubeconfig_as_pod(pa).await,
         &std::env::temp_dir().join(format!("{}-pa-proxied.kubeconfig", ns.name)),
     );
     let a_library = client_from_kubeconfig(&a_kubeconfig).await;
-    let a_writes: Api<ConfigMap> = Api::namespaced(pod_client(&ns, pa).await, &ns.name);
-    let b_library = pod_client(&ns, pb).await;
+    let a_writes: Api<ConfigMap> = Api::namespaced(pod_client(ns, pa).await, &ns.name);
+    let b_library = pod_client(ns, pb).await;
     // RBAC bindings reach the authorizer with a delay; the library takes a 403 as final.
     let leases: Api<FencedLease> = Api::namespaced(b_library.clone(), &ns.name);
     wait_for("the pods' holder Role in force", WAIT, || async {
         leases.get("books").await.ok()
     })
     .await;
+    Clients {
+        a_proxy,
+        a_library,
+        a_writes,
+        b_library,
+    }
+}
 
-    let options = |pod: &TestPod| {
-        AcquireOptions::default()
-            .identity(pod.name.clone())
-            .pod(PodRef::new(pod.name.clone(), Some(pod.uid.clone())))
-            .wait(WAIT)
-    };
-    let a = acquire(a_library, &ns.name, "books", options(pa))
-        .await
-        .expect("A acquires the free lease");
-    let a_token = a.token().expect("A holds");
-    let a_answers = watch_token(a.handle());
-    // A may write once the apiserver's cache shows its grant (and RBAC lets it create
-    // ConfigMaps).
-    wait_for("A's writes accepted", WAIT, || async {
-        matches!(write_as_pod(&a_writes).await, Ok(Answer::Accepted)).then_some(())
-    })
-    .await;
+fn options(pod: &TestPod) -> AcquireOptions {
+    AcquireOptions::default()
+        .identity(pod.name.clone())
+        .pod(PodRef::new(pod.name.clone(), Some(pod.uid.clone())))
+        .wait(WAIT)
+}
 
+/// B acquires books, in a task of its own, and is queued once this returns.
+async fn b_queues(
+    ns: &TestNamespace,
+    pb: &TestPod,
+    b_library: Client,
+) -> tokio::task::JoinHandle<Result<fenced_lease::holder::LeaseGuard, fenced_lease::holder::Error>>
+{
     let b = tokio::spawn({
         let (ns, options) = (ns.name.clone(), options(pb));
         async move { acquire(b_library, &ns, "books", options).await }
@@ -226,24 +226,19 @@ async fn i11_the_old_holders_library_stops_a_margin_before_the_grant_and_the_fen
         (lease.status?.waiting == 1).then_some(())
     })
     .await;
+    b
+}
 
-    // A stalls: its heartbeats stop. It keeps writing directly until the apiserver refuses.
-    a_proxy.cut();
-    let probes = tokio::spawn(probe_until_refused(a_writes.clone()));
-    let b = b
-        .await
-        .expect("B's task")
-        .expect("B is granted once A expires");
-    let b_token = b.token().expect("B holds");
-    assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
-    let probes = probes.await.expect("A's writes");
-
-    let ago = a
-        .deadline_from_now()
-        .expect_err("A's deadline has passed by B's grant");
-    let deadline = SystemTime::now() - ago;
-    let answers = *a_answers.lock().unwrap();
-    let status = admin_leases
+/// The lease names B's pod with B's token `b_token`, and A was refused as B's grant says:
+/// the grant's instant (the lease's `acquireTime`).
+async fn granted_to_b(
+    ns: &TestNamespace,
+    pb: &TestPod,
+    b_token: i64,
+    probes: &Probes,
+) -> SystemTime {
+    let status = ns
+        .api::<FencedLease>()
         .get("books")
         .await
         .expect("read lease")
@@ -262,12 +257,25 @@ async fn i11_the_old_holders_library_stops_a_margin_before_the_grant_and_the_fen
         "A refused as B's grant says: {}",
         probes.message
     );
-    let grant = wall(status.acquire_time.as_ref().expect("acquireTime"));
-    let last_ok = answers.last_ok.expect("A's token() answered Ok");
-    let first_err = answers.first_err.expect("A's token() failed");
-    let last_accepted = probes.last_accepted_sent.expect("a write of A accepted");
+    wall(status.acquire_time.as_ref().expect("acquireTime"))
+}
 
-    let timeline = format!(
+/// The instants the test compares, on the wall clock.
+struct Instants {
+    /// A's local safe deadline.
+    deadline: SystemTime,
+    /// B's grant (the lease's `acquireTime`).
+    grant: SystemTime,
+    /// Before A's last `token()` call that answered `Ok`, and after its first that did not.
+    last_ok: SystemTime,
+    first_err: SystemTime,
+    /// The send time of A's last accepted write.
+    last_accepted: SystemTime,
+}
+
+/// The instants, relative to A's deadline, for the test's log and its failure message.
+fn timeline(i: &Instants, probes: &Probes, margin: Duration, op_log: &std::path::Path) -> String {
+    format!(
         "margin {margin:?}, allowance {ALLOWANCE:?}; on the wall clock, relative to A's deadline:\n\
          \x20 A's last token() = Ok asked   {:+9.3} ms\n\
          \x20 A's first token() = Err seen  {:+9.3} ms\n\
@@ -276,33 +284,91 @@ async fn i11_the_old_holders_library_stops_a_margin_before_the_grant_and_the_fen
          \x20 A's first refused write sent  {:+9.3} ms, answered {:+9.3} ms\n\
          \x20 window (refused answer − grant) {:.3} ms\n\
          operator log: {}",
-        ms(last_ok, deadline),
-        ms(first_err, deadline),
-        ms(grant, deadline),
-        ms(last_accepted, deadline),
+        ms(i.last_ok, i.deadline),
+        ms(i.first_err, i.deadline),
+        ms(i.grant, i.deadline),
+        ms(i.last_accepted, i.deadline),
         probes.accepted,
-        ms(probes.refused_sent, deadline),
-        ms(probes.refused_answered, deadline),
-        ms(probes.refused_answered, grant),
-        op.log.display(),
-    );
-    eprintln!("{timeline}");
+        ms(probes.refused_sent, i.deadline),
+        ms(probes.refused_answered, i.deadline),
+        ms(probes.refused_answered, i.grant),
+        op_log.display(),
+    )
+}
+
+/// What of the module's rules the instants break.
+fn broken(i: &Instants, probes: &Probes, margin: Duration) -> Vec<&'static str> {
     let mut broken = Vec::new();
-    if last_ok > deadline + ALLOWANCE {
+    if i.last_ok > i.deadline + ALLOWANCE {
         broken.push("A's token() answered Ok past its deadline (I6)");
     }
-    if grant < deadline + margin - ALLOWANCE {
+    if i.grant < i.deadline + margin - ALLOWANCE {
         broken.push("B was granted less than a margin after A's library stopped");
     }
-    if probes.refused_answered >= grant + margin {
+    if probes.refused_answered >= i.grant + margin {
         broken.push("the identity fence refused A only a margin or more after the grant");
     }
-    if last_accepted <= deadline {
+    if i.last_accepted <= i.deadline {
         broken.push("A's writes were refused while its library still held (no write of A accepted past its deadline)");
     }
-    if probes.refused_answered <= grant {
+    if probes.refused_answered <= i.grant {
         broken.push("A's write was refused before B's grant was written");
     }
+    broken
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i11_the_old_holders_library_stops_a_margin_before_the_grant_and_the_fence_within_it() {
+    let ns = TestNamespace::new("i11-window").await;
+    ns.with_fence_policies().await;
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let pods = ns.app_pods(&["pa", "pb"]).await;
+    let (pa, pb) = (&pods[0], &pods[1]);
+    let out = ns.kubectl_apply(&lease());
+    assert!(out.status.success(), "{}", common::cli::both(&out));
+    let margin = Timing::default_margin(Duration::from_secs(D));
+    let c = clients(&ns, pa, pb).await;
+
+    let a = acquire(c.a_library, &ns.name, "books", options(pa))
+        .await
+        .expect("A acquires the free lease");
+    let a_token = a.token().expect("A holds");
+    let a_answers = watch_token(a.handle());
+    // A may write once the apiserver's cache shows its grant (and RBAC lets it create
+    // ConfigMaps).
+    wait_for("A's writes accepted", WAIT, || async {
+        matches!(write_as_pod(&c.a_writes).await, Ok(Answer::Accepted)).then_some(())
+    })
+    .await;
+    let b = b_queues(&ns, pb, c.b_library).await;
+
+    // A stalls: its heartbeats stop. It keeps writing directly until the apiserver refuses.
+    c.a_proxy.cut();
+    let probes = tokio::spawn(probe_until_refused(c.a_writes.clone()));
+    let b = b
+        .await
+        .expect("B's task")
+        .expect("B is granted once A expires");
+    let b_token = b.token().expect("B holds");
+    assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
+    let probes = probes.await.expect("A's writes");
+
+    let ago = a
+        .deadline_from_now()
+        .expect_err("A's deadline has passed by B's grant");
+    let deadline = SystemTime::now() - ago;
+    let answers = *a_answers.lock().unwrap();
+    let grant = granted_to_b(&ns, pb, b_token, &probes).await;
+    let instants = Instants {
+        deadline,
+        grant,
+        last_ok: answers.last_ok.expect("A's token() answered Ok"),
+        first_err: answers.first_err.expect("A's token() failed"),
+        last_accepted: probes.last_accepted_sent.expect("a write of A accepted"),
+    };
+    let timeline = timeline(&instants, &probes, margin, &op.log);
+    eprintln!("{timeline}");
+    let broken = broken(&instants, &probes, margin);
     assert!(broken.is_empty(), "{}\n{timeline}", broken.join("\n"));
     drop(b);
 }

@@ -6,6 +6,8 @@
 
 use crate::common;
 
+use std::path::Path;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::cli::{alive, fence, pid_from, read, scratch, spawn_logged, wait_exit};
@@ -23,46 +25,29 @@ fn api_ready() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-#[tokio::test]
-async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
-    let ns = TestNamespace::new("cp-restart-holder").await;
-    let _operator = OperatorProcess::start(&ns.name, &[]);
-    // Longer than the outage: a holder survives an outage of up to about
-    // duration - margin - renew period - retry pause = 60 - 2 - 20 - 4 = 34 s.
-    ns.create_lease("l", 60);
-    let log = scratch(&ns, "log");
-    let stop = scratch(&ns, "stop");
-    let pidfile = scratch(&ns, "holder.pid");
-    let run = |who: &str, script: String| {
-        let mut cmd = fence(&ns);
-        cmd.args(["run", "l", "--identity", who, "--", "sh", "-c", &script]);
-        spawn_logged(cmd, &scratch(&ns, &format!("{who}.stderr")))
-    };
-    let mut holder = run(
-        "holder",
-        format!(
-            "echo $$ > {pid}; echo \"holder $FENCE_TOKEN\" >> {log}; while [ ! -e {stop} ]; do sleep 0.2; done; echo holder-end >> {log}",
-            pid = pidfile.display(),
-            log = log.display(),
-            stop = stop.display()
-        ),
-    );
-    let holder_cmd = pid_from(&pidfile).await;
-    let mut waiter = run(
-        "waiter",
-        format!("echo \"waiter $FENCE_TOKEN\" >> {}", log.display()),
-    );
+/// `kubectl fence run l --identity WHO -- sh -c SCRIPT`, its stderr in `WHO.stderr`.
+fn run(ns: &TestNamespace, who: &str, script: String) -> Child {
+    let mut cmd = fence(ns);
+    cmd.args(["run", "l", "--identity", who, "--", "sh", "-c", &script]);
+    spawn_logged(cmd, &scratch(ns, &format!("{who}.stderr")))
+}
+
+/// Waits until a claim of `who` is queued on the lease.
+async fn wait_queued(ns: &TestNamespace, what: &str, who: &str) {
     let claims: kube::Api<fenced_lease::api::FencedLeaseClaim> = ns.api();
-    wait_for("the waiter to queue", WAIT, || async {
+    wait_for(what, WAIT, || async {
         let list = claims.list(&Default::default()).await.ok()?;
         list.items
             .iter()
-            .any(|c| c.spec.holder_identity == "waiter")
+            .any(|c| c.spec.holder_identity == who)
             .then_some(())
     })
     .await;
+}
 
-    // Restart etcd and the apiserver in place (same ports and data).
+/// Restarts etcd and the apiserver in place (same ports and data), and starts a waiter, late,
+/// while the API is down (a CronJob firing then): late's run.
+async fn restart_with_a_late_waiter(ns: &TestNamespace, log: &Path) -> Child {
     let restarted_at = Instant::now();
     let restart = std::thread::spawn(move || {
         control_plane()
@@ -70,12 +55,12 @@ async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
             .output()
             .expect("hack/control-plane restart")
     });
-    // A waiter that starts while the API is down (a CronJob firing then).
     let down = wait_for("the apiserver to go down", WAIT, || async {
         (!api_ready()).then(Instant::now)
     })
     .await;
-    let mut late = run(
+    let late = run(
+        ns,
         "late",
         format!("echo \"late $FENCE_TOKEN\" >> {}", log.display()),
     );
@@ -96,13 +81,23 @@ async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
         up - down,
         up - restarted_at
     );
+    late
+}
 
-    // The holder kept its command running and still holds the lease.
+/// After the outage, the holder kept its command (`holder_cmd`) running and still holds the
+/// lease; the waiters still wait, late among them.
+async fn assert_all_rode_it_out(
+    ns: &TestNamespace,
+    holder_cmd: u32,
+    holder: &mut Child,
+    waiter: &mut Child,
+    late: &mut Child,
+) {
     assert!(alive(holder_cmd), "the holder's command was stopped");
     assert!(
         holder.try_wait().expect("try_wait").is_none(),
         "holder exited: {}",
-        read(&scratch(&ns, "holder.stderr"))
+        read(&scratch(ns, "holder.stderr"))
     );
     let lease = wait_for("the lease to be readable", WAIT, || async {
         ns.api::<FencedLease>().get("l").await.ok()
@@ -110,21 +105,65 @@ async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
     .await;
     let holder_identity = lease.status.and_then(|s| s.holder).map(|h| h.identity);
     assert_eq!(holder_identity.as_deref(), Some("holder"));
-    for (who, child) in [("waiter", &mut waiter), ("late", &mut late)] {
+    for (who, child) in [("waiter", waiter), ("late", late)] {
         assert!(
             child.try_wait().expect("try_wait").is_none(),
             "{who} exited during the outage: {}",
-            read(&scratch(&ns, &format!("{who}.stderr")))
+            read(&scratch(ns, &format!("{who}.stderr")))
         );
     }
-    wait_for("the late waiter to queue", WAIT, || async {
-        let list = claims.list(&Default::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|c| c.spec.holder_identity == "late")
-            .then_some(())
-    })
-    .await;
+    wait_queued(ns, "the late waiter to queue", "late").await;
+}
+
+/// The log the runs wrote: the holder's token, its end, then the waiter's and late's tokens,
+/// growing.
+fn assert_granted_in_turn(log: &Path) {
+    let lines: Vec<String> = read(log).lines().map(str::to_owned).collect();
+    let token = |line: &str, who: &str| -> i64 {
+        line.strip_prefix(&format!("{who} "))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{who} line: {lines:?}"))
+    };
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[1], "holder-end", "{lines:?}");
+    let (t_holder, t_waiter, t_late) = (
+        token(&lines[0], "holder"),
+        token(&lines[2], "waiter"),
+        token(&lines[3], "late"),
+    );
+    assert!(t_holder < t_waiter && t_waiter < t_late, "{lines:?}");
+}
+
+#[tokio::test]
+async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
+    let ns = TestNamespace::new("cp-restart-holder").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    // Longer than the outage: a holder survives an outage of up to about
+    // duration - margin - renew period - retry pause = 60 - 2 - 20 - 4 = 34 s.
+    ns.create_lease("l", 60);
+    let log = scratch(&ns, "log");
+    let stop = scratch(&ns, "stop");
+    let pidfile = scratch(&ns, "holder.pid");
+    let mut holder = run(
+        &ns,
+        "holder",
+        format!(
+            "echo $$ > {pid}; echo \"holder $FENCE_TOKEN\" >> {log}; while [ ! -e {stop} ]; do sleep 0.2; done; echo holder-end >> {log}",
+            pid = pidfile.display(),
+            log = log.display(),
+            stop = stop.display()
+        ),
+    );
+    let holder_cmd = pid_from(&pidfile).await;
+    let mut waiter = run(
+        &ns,
+        "waiter",
+        format!("echo \"waiter $FENCE_TOKEN\" >> {}", log.display()),
+    );
+    wait_queued(&ns, "the waiter to queue", "waiter").await;
+
+    let mut late = restart_with_a_late_waiter(&ns, &log).await;
+    assert_all_rode_it_out(&ns, holder_cmd, &mut holder, &mut waiter, &mut late).await;
 
     // The holder finishes; the waiters are granted in turn.
     std::fs::write(&stop, "").expect("stop file");
@@ -140,18 +179,5 @@ async fn holders_and_waiters_ride_out_an_apiserver_and_etcd_restart() {
             read(&scratch(&ns, &format!("{who}.stderr")))
         );
     }
-    let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
-    let token = |line: &str, who: &str| -> i64 {
-        line.strip_prefix(&format!("{who} "))
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| panic!("{who} line: {lines:?}"))
-    };
-    assert_eq!(lines.len(), 4, "{lines:?}");
-    assert_eq!(lines[1], "holder-end", "{lines:?}");
-    let (t_holder, t_waiter, t_late) = (
-        token(&lines[0], "holder"),
-        token(&lines[2], "waiter"),
-        token(&lines[3], "late"),
-    );
-    assert!(t_holder < t_waiter && t_waiter < t_late, "{lines:?}");
+    assert_granted_in_turn(&log);
 }

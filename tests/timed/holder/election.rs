@@ -14,9 +14,10 @@ use common::{TestNamespace, wait_for};
 use fenced_lease::api::FencedLeaseClaim;
 use fenced_lease::holder::{ElectOptions, Leadership, LeaseHandle, elect};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -27,80 +28,85 @@ enum Term {
     Cancelled { who: &'static str },
 }
 
-#[tokio::test]
-async fn leaders_take_turns_with_growing_tokens_and_the_loser_queues_again() {
-    let ns = TestNamespace::new("holder-elect").await;
-    let _operator = OperatorProcess::start(&ns.name, &[]);
-    ns.create_lease("batch", 15);
-    let client = ns.holder_client().await;
-    let (terms_tx, mut terms) = mpsc::unbounded_channel();
-    let shutdown = CancellationToken::new();
+/// ConfigMap `written-by-<who>-<token>`, labelled with lease batch and stamped with `token`,
+/// as a term of `who` writes it.
+fn stamped(who: &str, token: i64) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(format!("written-by-{who}-{token}")),
+            labels: Some(BTreeMap::from([(
+                "fencing.dev/lease".into(),
+                "batch".into(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                "fencing.dev/token".into(),
+                token.to_string(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
 
-    let candidate = |who: &'static str| {
-        let (client, ns, terms, shutdown) = (
-            client.clone(),
-            ns.name.clone(),
-            terms_tx.clone(),
-            shutdown.clone(),
-        );
-        tokio::spawn(async move {
-            let options = ElectOptions::new(shutdown).identity(who);
-            let lead = |leader: LeaseHandle| {
-                let (client, terms) = (client.clone(), terms.clone());
-                async move {
-                    let token = leader.token().expect("a new leader holds the lease");
-                    // Stamp the token on what this term writes.
-                    let stamped = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(format!("written-by-{who}-{token}")),
-                            labels: Some(BTreeMap::from([(
-                                "fencing.dev/lease".into(),
-                                "batch".into(),
-                            )])),
-                            annotations: Some(BTreeMap::from([(
-                                "fencing.dev/token".into(),
-                                token.to_string(),
-                            )])),
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    };
-                    Api::<ConfigMap>::namespaced(client, leader.namespace())
-                        .create(&PostParams::default(), &stamped)
-                        .await
-                        .expect("write stamped object");
-                    let _ = terms.send(Term::Began { who, token });
-                    // Background work of the term is tied to its cancellation (the term's
-                    // own future is dropped when the lease is lost).
-                    let cancelled = leader.cancellation();
-                    tokio::spawn(async move {
-                        cancelled.cancelled().await;
-                        let _ = terms.send(Term::Cancelled { who });
-                    });
-                    std::future::pending::<Result<(), String>>().await
-                }
-            };
-            elect(client.clone(), &ns, "batch", options, lead).await
-        })
-    };
-    let a = candidate("a");
-    let first = recv(&mut terms).await;
-    let Term::Began { who: "a", token } = first else {
-        panic!("expected a to lead first: {first:?}");
-    };
-    let b = candidate("b");
-    let claims: Api<FencedLeaseClaim> = ns.api();
-    wait_for("b to queue", WAIT, || async {
+/// Candidate `who` for lease batch of `ns`, until `shutdown`: each term stamps its token on
+/// what it writes, says so on `terms`, and says when its cancellation fires.
+fn candidate(
+    client: &Client,
+    ns: &str,
+    terms: &mpsc::UnboundedSender<Term>,
+    shutdown: &CancellationToken,
+    who: &'static str,
+) -> JoinHandle<Result<(), fenced_lease::holder::Error>> {
+    let (client, ns, terms, shutdown) = (
+        client.clone(),
+        ns.to_string(),
+        terms.clone(),
+        shutdown.clone(),
+    );
+    tokio::spawn(async move {
+        let options = ElectOptions::new(shutdown).identity(who);
+        let lead = |leader: LeaseHandle| {
+            let (client, terms) = (client.clone(), terms.clone());
+            async move {
+                let token = leader.token().expect("a new leader holds the lease");
+                Api::<ConfigMap>::namespaced(client, leader.namespace())
+                    .create(&PostParams::default(), &stamped(who, token))
+                    .await
+                    .expect("write stamped object");
+                let _ = terms.send(Term::Began { who, token });
+                // Background work of the term is tied to its cancellation (the term's
+                // own future is dropped when the lease is lost).
+                let cancelled = leader.cancellation();
+                tokio::spawn(async move {
+                    cancelled.cancelled().await;
+                    let _ = terms.send(Term::Cancelled { who });
+                });
+                std::future::pending::<Result<(), String>>().await
+            }
+        };
+        elect(client.clone(), &ns, "batch", options, lead).await
+    })
+}
+
+/// Waits until `who` has a claim on the lease.
+async fn wait_claimed(claims: &Api<FencedLeaseClaim>, what: &str, who: &str) {
+    wait_for(what, WAIT, || async {
         let list = claims.list(&ListParams::default()).await.ok()?;
         list.items
             .iter()
-            .any(|c| c.spec.holder_identity == "b")
+            .any(|c| c.spec.holder_identity == who)
             .then_some(())
     })
     .await;
+}
 
-    // Take the lease from a (as its pod's deletion would): a's term is cancelled, b leads
-    // with the next token, and a queues again.
+/// Takes the lease from a (as its pod's deletion would): a's term is cancelled, b leads with
+/// a token above a's `token`, which this returns, and a queues again.
+async fn take_the_lease_from_a(
+    claims: &Api<FencedLeaseClaim>,
+    terms: &mut mpsc::UnboundedReceiver<Term>,
+    token: i64,
+) -> i64 {
     let a_claim = claims
         .list(&ListParams::default())
         .await
@@ -119,7 +125,7 @@ async fn leaders_take_turns_with_growing_tokens_and_the_loser_queues_again() {
     let mut a_cancelled = false;
     let mut b_token = None;
     while !(a_cancelled && b_token.is_some()) {
-        match recv(&mut terms).await {
+        match recv(terms).await {
             Term::Cancelled { who: "a" } => a_cancelled = true,
             Term::Began { who: "b", token } => b_token = Some(token),
             other => panic!("unexpected {other:?}"),
@@ -127,14 +133,28 @@ async fn leaders_take_turns_with_growing_tokens_and_the_loser_queues_again() {
     }
     let b_token = b_token.expect("b leads");
     assert!(b_token > token, "b's token {b_token} after a's {token}");
-    wait_for("a to queue again", WAIT, || async {
-        let list = claims.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|c| c.spec.holder_identity == "a")
-            .then_some(())
-    })
-    .await;
+    wait_claimed(claims, "a to queue again", "a").await;
+    b_token
+}
+
+#[tokio::test]
+async fn leaders_take_turns_with_growing_tokens_and_the_loser_queues_again() {
+    let ns = TestNamespace::new("holder-elect").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("batch", 15);
+    let client = ns.holder_client().await;
+    let (terms_tx, mut terms) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+
+    let a = candidate(&client, &ns.name, &terms_tx, &shutdown, "a");
+    let first = recv(&mut terms).await;
+    let Term::Began { who: "a", token } = first else {
+        panic!("expected a to lead first: {first:?}");
+    };
+    let b = candidate(&client, &ns.name, &terms_tx, &shutdown, "b");
+    let claims: Api<FencedLeaseClaim> = ns.api();
+    wait_claimed(&claims, "b to queue", "b").await;
+    let b_token = take_the_lease_from_a(&claims, &mut terms, token).await;
 
     // The stamped objects carry each term's token.
     let cms: Api<ConfigMap> = ns.api();
@@ -171,6 +191,27 @@ async fn claim_of(claims: &Api<FencedLeaseClaim>, who: &str) -> Option<FencedLea
         .items
         .into_iter()
         .find(|c| c.spec.holder_identity == who)
+}
+
+/// The leader solo loses the lease: its claim `deleted` (heartbeats then find nothing), or
+/// made `expired` (the apiserver then refuses its heartbeats, I9).
+async fn lose(claims: &Api<FencedLeaseClaim>, loss: &str) {
+    let held = claim_of(claims, "solo").await.expect("the leader's claim");
+    if loss == "deleted" {
+        claims
+            .delete(&held.name_any(), &DeleteParams::default())
+            .await
+            .expect("delete the leader's claim");
+    } else {
+        claims
+            .patch_status(
+                &held.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"phase": "Expired"}})),
+            )
+            .await
+            .expect("expire the leader's claim");
+    }
 }
 
 /// A leader whose term ends when it sees the lease go (as `examples/batch_controller.rs`
@@ -221,22 +262,7 @@ async fn a_leader_campaigns_again_after_every_loss_and_after_a_failed_term() {
     // (the apiserver then refuses its heartbeats, I9), then deleted again.
     for loss in ["deleted", "expired", "deleted"] {
         wait_for_leading(&mut changes, Some(last)).await;
-        let held = claim_of(&claims, "solo").await.expect("the leader's claim");
-        if loss == "deleted" {
-            claims
-                .delete(&held.name_any(), &DeleteParams::default())
-                .await
-                .expect("delete the leader's claim");
-        } else {
-            claims
-                .patch_status(
-                    &held.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({"status": {"phase": "Expired"}})),
-                )
-                .await
-                .expect("expire the leader's claim");
-        }
+        lose(&claims, loss).await;
         let next = recv_token(&mut terms).await;
         assert!(
             next > last,

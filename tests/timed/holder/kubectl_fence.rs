@@ -6,7 +6,9 @@
 
 use crate::common;
 
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::{alive, fence, kill, read, scratch, wait_exit};
@@ -387,14 +389,9 @@ async fn wait_zero_takes_a_free_lease_and_gives_up_on_a_held_one_at_once() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// `release` deletes the claim it is told to, never another `run` of the same identity on
-/// the same host; `--all` is there for the rest.
-#[tokio::test]
-async fn release_deletes_only_the_claim_it_is_told_to() {
-    let ns = TestNamespace::new("fence-release").await;
-    let _operator = OperatorProcess::start(&ns.name, &[]);
-    ns.create_lease("db", 30);
-    let out = fence(&ns)
+/// `kubectl fence acquire db` as identity host-1: the claim's `-o name`.
+fn acquire_as_host_1(ns: &TestNamespace) -> String {
+    let out = fence(ns)
         .args([
             "acquire",
             "db",
@@ -413,6 +410,66 @@ async fn release_deletes_only_the_claim_it_is_told_to() {
         acquired.starts_with("fencedleaseclaim.fencing.dev/db-"),
         "{acquired}"
     );
+    acquired
+}
+
+/// `release` without a claim named is refused (exit 2); with `acquired` named it releases that
+/// claim only.
+fn release_names_its_claim(ns: &TestNamespace, acquired: &str) {
+    let out = fence(ns).args(["release", "db"]).output().expect("release");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "no claim named: {}",
+        common::cli::both(&out)
+    );
+    let out = fence(ns)
+        .args(["release", "db", acquired])
+        .output()
+        .expect("release");
+    assert!(out.status.success(), "{}", common::cli::both(&out));
+    assert!(
+        stdout(&out).contains("released claim db-"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// --all [--identity]: every claim (of that identity) on the lease.
+async fn release_all_of_an_identity(ns: &TestNamespace) {
+    for who in ["a", "b"] {
+        let out = fence(ns)
+            .args(["acquire", "db", "--wait", "0", "--identity", who])
+            .output()
+            .expect("acquire");
+        if who == "a" {
+            assert!(out.status.success(), "{}", common::cli::both(&out));
+        }
+    }
+    let out = fence(ns)
+        .args(["release", "db", "--all", "--identity", "a", "-o", "name"])
+        .output()
+        .expect("release --all");
+    assert!(out.status.success(), "{}", common::cli::both(&out));
+    assert!(
+        stdout(&out).starts_with("fencedleaseclaim.fencing.dev/db-"),
+        "{}",
+        stdout(&out)
+    );
+    wait_for("a's claim to be gone", WAIT, || async {
+        claims_on(ns, "db").await.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// `release` deletes the claim it is told to, never another `run` of the same identity on
+/// the same host; `--all` is there for the rest.
+#[tokio::test]
+async fn release_deletes_only_the_claim_it_is_told_to() {
+    let ns = TestNamespace::new("fence-release").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("db", 30);
+    let acquired = acquire_as_host_1(&ns);
 
     // A `run` of the same identity waits behind it.
     let log = scratch(&ns, "log");
@@ -426,57 +483,14 @@ async fn release_deletes_only_the_claim_it_is_told_to() {
     })
     .await;
 
-    let out = fence(&ns)
-        .args(["release", "db"])
-        .output()
-        .expect("release");
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "no claim named: {}",
-        common::cli::both(&out)
-    );
-    let out = fence(&ns)
-        .args(["release", "db", &acquired])
-        .output()
-        .expect("release");
-    assert!(out.status.success(), "{}", common::cli::both(&out));
-    assert!(
-        stdout(&out).contains("released claim db-"),
-        "{}",
-        stdout(&out)
-    );
+    release_names_its_claim(&ns, &acquired);
     let status = wait_exit(&mut run, WAIT).await;
     assert!(
         status.success(),
         "the waiting run was released too: {status}"
     );
     assert_eq!(read(&log), "ran\n");
-
-    // --all [--identity]: every claim (of that identity) on the lease.
-    for who in ["a", "b"] {
-        let out = fence(&ns)
-            .args(["acquire", "db", "--wait", "0", "--identity", who])
-            .output()
-            .expect("acquire");
-        if who == "a" {
-            assert!(out.status.success(), "{}", common::cli::both(&out));
-        }
-    }
-    let out = fence(&ns)
-        .args(["release", "db", "--all", "--identity", "a", "-o", "name"])
-        .output()
-        .expect("release --all");
-    assert!(out.status.success(), "{}", common::cli::both(&out));
-    assert!(
-        stdout(&out).starts_with("fencedleaseclaim.fencing.dev/db-"),
-        "{}",
-        stdout(&out)
-    );
-    wait_for("a's claim to be gone", WAIT, || async {
-        claims_on(&ns, "db").await.is_empty().then_some(())
-    })
-    .await;
+    release_all_of_an_identity(&ns).await;
 }
 
 /// kubectl's conventions: `-A` and `-o wide|name` on `list`, `--as` impersonates (and a 403
@@ -649,34 +663,34 @@ async fn i5_in_a_pod_the_claim_is_owned_by_the_pod_and_its_deletion_ends_the_run
     assert!(!alive(cmd_pid), "CMD still runs");
 }
 
-/// `status -w`: the lease as it is, then one line per change of hands (granted, released,
-/// granted again, released, deleted), and nothing else.
-#[tokio::test]
-async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
-    use std::io::{BufRead, BufReader};
-    use std::sync::{Arc, Mutex};
+/// `kubectl fence status db -w` and the lines it printed so far.
+struct StatusWatch {
+    child: std::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
 
-    let ns = TestNamespace::new("fence-watch").await;
-    let _operator = OperatorProcess::start(&ns.name, &[]);
-    ns.create_lease("db", 30);
-    let mut watch = fence(&ns)
-        .args(["status", "db", "-w"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("status -w");
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let reader = BufReader::new(watch.stdout.take().expect("stdout"));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in reader.lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    // The rows' HOLDER and TOKEN columns, once `n` rows are there.
-    let rows = |n: usize| {
-        let lines = lines.clone();
-        move || {
-            let lines = lines.lock().unwrap().clone();
+impl StatusWatch {
+    fn start(ns: &TestNamespace) -> Self {
+        let mut child = fence(ns)
+            .args(["status", "db", "-w"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("status -w");
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let reader = BufReader::new(child.stdout.take().expect("stdout"));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The rows' HOLDER and TOKEN columns, once `n` rows are there.
+    async fn rows(&self, what: &str, n: usize) -> Vec<(String, String)> {
+        wait_for(what, WAIT, || {
+            let lines = self.lines.lock().unwrap().clone();
             let rows: Vec<(String, String)> = lines
                 .iter()
                 .skip(1)
@@ -691,59 +705,69 @@ async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
                 })
                 .collect();
             async move { (rows.len() >= n).then_some(rows) }
-        }
-    };
-    let acquire = |identity: &str| {
-        let out = fence(&ns)
-            .args([
-                "acquire",
-                "db",
-                "--wait",
-                "30s",
-                "--identity",
-                identity,
-                "-o",
-                "name",
-            ])
-            .output()
-            .expect("acquire");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout(&out).trim().to_string()
-    };
+        })
+        .await
+    }
+}
 
-    wait_for("the first row", WAIT, rows(1)).await;
-    let release = |claim: &str| {
-        let out = fence(&ns)
-            .args(["release", "db", claim])
-            .output()
-            .expect("release");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    release(&acquire("a"));
-    wait_for("a's grant and release", WAIT, rows(3)).await;
-    release(&acquire("b"));
-    wait_for("b's grant and release", WAIT, rows(5)).await;
+/// `kubectl fence acquire db` as `identity`, then `release` of that claim.
+fn acquire_and_release(ns: &TestNamespace, identity: &str) {
+    let out = fence(ns)
+        .args([
+            "acquire",
+            "db",
+            "--wait",
+            "30s",
+            "--identity",
+            identity,
+            "-o",
+            "name",
+        ])
+        .output()
+        .expect("acquire");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let claim = stdout(&out).trim().to_string();
+    let out = fence(ns)
+        .args(["release", "db", &claim])
+        .output()
+        .expect("release");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `status -w`: the lease as it is, then one line per change of hands (granted, released,
+/// granted again, released, deleted), and nothing else.
+#[tokio::test]
+async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
+    let ns = TestNamespace::new("fence-watch").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("db", 30);
+    let mut watch = StatusWatch::start(&ns);
+    watch.rows("the first row", 1).await;
+    acquire_and_release(&ns, "a");
+    watch.rows("a's grant and release", 3).await;
+    acquire_and_release(&ns, "b");
+    watch.rows("b's grant and release", 5).await;
     common::run(
         ns.kubectl()
             .args(["delete", "fencedlease", "db", "--timeout=30s"]),
     );
-    let seen = wait_for("the deletion", WAIT, rows(6)).await;
-    let _ = watch.kill();
-    let _ = watch.wait();
+    let seen = watch.rows("the deletion", 6).await;
+    let _ = watch.child.kill();
+    let _ = watch.child.wait();
+    let lines = watch.lines.lock().unwrap().clone();
     let holders: Vec<&str> = seen.iter().map(|(h, _)| h.as_str()).collect();
     assert_eq!(
         holders,
         ["<none>", "a", "<none>", "b", "<none>", "<lease deleted>"],
-        "{:#?}",
-        lines.lock().unwrap()
+        "{lines:#?}"
     );
     let tokens: Vec<i64> = seen[..5].iter().map(|(_, t)| t.parse().unwrap()).collect();
     assert!(
@@ -751,10 +775,7 @@ async fn status_watch_prints_a_line_each_time_the_lease_changes_hands() {
         "tokens: {tokens:?}"
     );
     assert_eq!(tokens[3], tokens[4], "a release keeps the last token");
-    assert_eq!(
-        lines.lock().unwrap()[0].split_whitespace().next(),
-        Some("TIME")
-    );
+    assert_eq!(lines[0].split_whitespace().next(), Some("TIME"));
 }
 
 /// `kubectl fence <TAB>` through kubectl's own plugin completion (kubectl runs

@@ -6,7 +6,7 @@
 use crate::common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::operator::OperatorProcess;
@@ -248,11 +248,12 @@ async fn paused_holder_child() {
     }
 }
 
-#[tokio::test]
-async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
-    let ns = TestNamespace::new("holder-sigstop").await;
-    let _operator = OperatorProcess::start(&ns.name, &[]);
-    ns.create_lease("db", 2);
+/// The lines the child prints, each with when it was read.
+type Lines = tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>;
+
+/// Starts [`paused_holder_child`] on lease db of `ns`, and waits until it holds: the child,
+/// its lines and its token.
+async fn start_paused_holder_child(ns: &TestNamespace) -> (Child, Lines, i64) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--ignored",
@@ -265,7 +266,6 @@ async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn child holder");
-    let pid = child.id().to_string();
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
     let stdout = child.stdout.take().expect("stdout");
     std::thread::spawn(move || {
@@ -282,6 +282,42 @@ async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
             break t.parse().expect("token");
         }
     };
+    (child, lines, token)
+}
+
+/// Reads the resumed child's lines until it reports the loss, asserting that it never reports
+/// holding once it has seen its pause (a gap of a second or more): how long after
+/// `resumed_at` it saw the loss.
+async fn lost_after_resume(lines: &mut Lines, resumed_at: Instant) -> Duration {
+    let mut saw_resume = false;
+    loop {
+        let (line, at) = tokio::time::timeout(Duration::from_secs(10), lines.recv())
+            .await
+            .expect("child reports after resume")
+            .expect("child output");
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("TICK"), Some(gap), Some(held)) => {
+                let gap: u128 = gap.parse().expect("gap");
+                saw_resume |= gap >= 1000;
+                assert!(
+                    !(saw_resume && held == "held"),
+                    "the resumed holder reported holding: {line}"
+                );
+            }
+            (Some("LOST"), _, _) => return at - resumed_at,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
+    let ns = TestNamespace::new("holder-sigstop").await;
+    let _operator = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("db", 2);
+    let (mut child, mut lines, token) = start_paused_holder_child(&ns).await;
+    let pid = child.id().to_string();
 
     signal(&pid, "STOP");
     let admin = ns.holder_client().await;
@@ -299,26 +335,7 @@ async fn i6_a_paused_holder_never_reports_holding_after_its_deadline() {
     while lines.try_recv().is_ok() {}
     let resumed_at = Instant::now();
     signal(&pid, "CONT");
-    let mut saw_resume = false;
-    let lost_after = loop {
-        let (line, at) = tokio::time::timeout(Duration::from_secs(10), lines.recv())
-            .await
-            .expect("child reports after resume")
-            .expect("child output");
-        let mut words = line.split_whitespace();
-        match (words.next(), words.next(), words.next()) {
-            (Some("TICK"), Some(gap), Some(held)) => {
-                let gap: u128 = gap.parse().expect("gap");
-                saw_resume |= gap >= 1000;
-                assert!(
-                    !(saw_resume && held == "held"),
-                    "the resumed holder reported holding: {line}"
-                );
-            }
-            (Some("LOST"), _, _) => break at - resumed_at,
-            _ => {}
-        }
-    };
+    let lost_after = lost_after_resume(&mut lines, resumed_at).await;
     eprintln!("MEASURED resumed holder's lost() fired {lost_after:?} after SIGCONT");
     assert!(
         lost_after < Duration::from_secs(1),

@@ -196,13 +196,14 @@ async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
     );
 }
 
-#[tokio::test]
-async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_contention() {
-    const LEASES: usize = 300;
-    const BASE: i64 = 1 << 48; // above the wall clock in ms: only the record can carry it
-    let ns = TestNamespace::new("mass-delete").await;
-    let op = OperatorProcess::start(&ns.name, &[]);
-    let leases: Api<FencedLease> = ns.api();
+/// How many leases the mass deletion deletes.
+const LEASES: usize = 300;
+/// Their minimum tokens start here, above the wall clock in ms: only the record can carry it.
+const BASE: i64 = 1 << 48;
+
+/// Creates leases `l-<i>` with minimum token `BASE + i`, and waits until each carries the
+/// operator's finalizer.
+async fn leases_with_finalizers(leases: &Api<FencedLease>) {
     futures::stream::iter(0..LEASES)
         .for_each_concurrent(16, |i| {
             let leases = leases.clone();
@@ -230,9 +231,11 @@ async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_c
         .then_some(())
     })
     .await;
+}
 
-    // All at once, as deleting their namespace does: every finalizer records into the one
-    // ConfigMap of the namespace.
+/// Deletes every lease at once, as deleting their namespace does (every finalizer records
+/// into the one ConfigMap of the namespace): how long until they were all gone.
+async fn delete_all_at_once(leases: &Api<FencedLease>) -> Duration {
     let deleted = Instant::now();
     leases
         .delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -250,7 +253,16 @@ async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_c
         },
     )
     .await;
-    let took = deleted.elapsed();
+    deleted.elapsed()
+}
+
+#[tokio::test]
+async fn i1_hundreds_of_leases_deleted_at_once_each_leave_their_record_without_contention() {
+    let ns = TestNamespace::new("mass-delete").await;
+    let op = OperatorProcess::start(&ns.name, &[]);
+    let leases: Api<FencedLease> = ns.api();
+    leases_with_finalizers(&leases).await;
+    let took = delete_all_at_once(&leases).await;
 
     let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
     let records = cms
@@ -437,11 +449,8 @@ fn claim(name: &str, pod: Option<(&str, &str)>) -> FencedLeaseClaim {
     serde_json::from_value(value).unwrap()
 }
 
-#[tokio::test]
-async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
-    let ns = TestNamespace::new("i7-claims").await;
-    let _op = OperatorProcess::start(&ns.name, &[]);
-    ns.create_lease("l", 30);
+/// The holder Role, bound to ServiceAccounts alice and bob of `ns`.
+fn alice_and_bob_are_holders(ns: &TestNamespace) {
     ns.kubectl_apply(
         &std::fs::read_to_string(common::repo_root().join("deploy/rbac/holder-role.yaml")).unwrap(),
     );
@@ -458,19 +467,16 @@ async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
         ])
         .output()
         .unwrap();
-    let alice_pod = ns.create_pod_as("alice-0", "alice").await;
-    let alice_uid = alice_pod.uid.clone();
-    let alice = ns.client_as_pod(&alice_pod).await;
-    let bob = ns.client_as("bob", None).await;
-    let as_alice: Api<FencedLeaseClaim> = Api::namespaced(alice, &ns.name);
-    let as_bob: Api<FencedLeaseClaim> = Api::namespaced(bob, &ns.name);
+}
 
-    // alice claims with her own pod (RBAC bindings reach the authorizer with a delay).
+/// alice claims with her own pod alice-0 (`alice_uid`; RBAC bindings reach the authorizer
+/// with a delay), is granted and her pod annotated: her token.
+async fn alice_holds(ns: &TestNamespace, as_alice: &Api<FencedLeaseClaim>, alice_uid: &str) -> i64 {
     wait_for("alice's claim created", WAIT, || async {
         as_alice
             .create(
                 &PostParams::default(),
-                &claim("alice", Some(("alice-0", &alice_uid))),
+                &claim("alice", Some(("alice-0", alice_uid))),
             )
             .await
             .ok()
@@ -478,16 +484,24 @@ async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
     .await;
     let token = wait_for("alice granted", WAIT, || ns.granted_token("alice")).await;
     wait_for("alice-0 annotated", WAIT, || async {
-        (annotation(&ns, "alice-0").await?.1? == token.to_string()).then_some(())
+        (annotation(ns, "alice-0").await?.1? == token.to_string()).then_some(())
     })
     .await;
+    token
+}
 
-    let beat = json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}});
+/// bob can neither renew (with `beat`) nor release alice's claim, claim alice's pod, nor forge
+/// the claim's creator: each refused by the claim ownership policy.
+async fn bob_is_refused_alices_claim(
+    as_bob: &Api<FencedLeaseClaim>,
+    alice_uid: &str,
+    beat: &serde_json::Value,
+) {
     let refused = [
         (
             "renew",
             as_bob
-                .patch("alice", &PatchParams::default(), &Patch::Merge(&beat))
+                .patch("alice", &PatchParams::default(), &Patch::Merge(beat))
                 .await
                 .map(drop),
         ),
@@ -495,7 +509,7 @@ async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
         (
             "claim alice's pod",
             as_bob
-                .create(&PostParams::default(), &claim("bob", Some(("alice-0", &alice_uid))))
+                .create(&PostParams::default(), &claim("bob", Some(("alice-0", alice_uid))))
                 .await
                 .map(drop),
         ),
@@ -519,6 +533,24 @@ async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
             "{what}: {message}"
         );
     }
+}
+
+#[tokio::test]
+async fn i7_a_holder_cannot_touch_another_holders_claim_nor_name_its_pod() {
+    let ns = TestNamespace::new("i7-claims").await;
+    let _op = OperatorProcess::start(&ns.name, &[]);
+    ns.create_lease("l", 30);
+    alice_and_bob_are_holders(&ns);
+    let alice_pod = ns.create_pod_as("alice-0", "alice").await;
+    let alice_uid = alice_pod.uid.clone();
+    let alice = ns.client_as_pod(&alice_pod).await;
+    let bob = ns.client_as("bob", None).await;
+    let as_alice: Api<FencedLeaseClaim> = Api::namespaced(alice, &ns.name);
+    let as_bob: Api<FencedLeaseClaim> = Api::namespaced(bob, &ns.name);
+    let token = alice_holds(&ns, &as_alice, &alice_uid).await;
+
+    let beat = json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}});
+    bob_is_refused_alices_claim(&as_bob, &alice_uid, &beat).await;
     as_alice
         .patch("alice", &PatchParams::default(), &Patch::Merge(&beat))
         .await

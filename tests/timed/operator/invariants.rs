@@ -278,51 +278,46 @@ async fn i1_operator_killed_after_a_grant_issues_no_token_twice_and_expires_no_o
     );
 }
 
-#[tokio::test]
-async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
-    const ROUNDS: i64 = 20;
-    let ns = TestNamespace::new("op-race").await;
-    // Every grant's Event is counted below: no Normal-Event budget (the default lets ~50 out
-    // of a quick burst of 120 through).
-    let every_event = ["--events-per-second", "10000"];
-    let a = OperatorProcess::start(&ns.name, &every_event);
-    let b = OperatorProcess::start(&ns.name, &every_event);
-    let leases = ["x", "y", "z"];
-    for lease in leases {
-        ns.create_lease(lease, 30);
-    }
+/// How many rounds of claims the two racing operators grant, two claims per lease a round.
+const ROUNDS: i64 = 20;
 
-    // Watch every lease status the apiserver stores: tokens never go down, and no two
-    // distinct holders are ever recorded with the same token.
-    let stop_watching = tokio_util::sync::CancellationToken::new();
-    let recorder = {
-        let api = ns.api::<FencedLease>();
-        let stop = stop_watching.clone();
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut seen: Vec<(String, i64, Option<String>)> = vec![];
-            let stream =
-                kube::runtime::watcher(api, Default::default()).take_until(stop.cancelled_owned());
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                if let Ok(
-                    kube::runtime::watcher::Event::Apply(l)
-                    | kube::runtime::watcher::Event::InitApply(l),
-                ) = event
-                {
-                    let status = l.status.clone().unwrap_or_default();
-                    seen.push((
-                        l.metadata.name.clone().unwrap(),
-                        status.fencing_token,
-                        status.holder.map(|h| h.claim_uid),
-                    ));
-                }
+/// Every lease status the apiserver stores, as a watch saw it: (lease, token, holder's claim
+/// UID).
+type Statuses = Vec<(String, i64, Option<String>)>;
+
+/// Watches every lease status of `ns` until `stop`: what it saw.
+fn record_lease_statuses(
+    ns: &TestNamespace,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Statuses> {
+    let api = ns.api::<FencedLease>();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut seen: Statuses = vec![];
+        let stream =
+            kube::runtime::watcher(api, Default::default()).take_until(stop.cancelled_owned());
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            if let Ok(
+                kube::runtime::watcher::Event::Apply(l)
+                | kube::runtime::watcher::Event::InitApply(l),
+            ) = event
+            {
+                let status = l.status.clone().unwrap_or_default();
+                seen.push((
+                    l.metadata.name.clone().unwrap(),
+                    status.fencing_token,
+                    status.holder.map(|h| h.claim_uid),
+                ));
             }
-            seen
-        })
-    };
+        }
+        seen
+    })
+}
 
-    // Churn: claims come, are granted, and release, on all leases at once.
+/// Churn: claims come, are granted, and release, on all `leases` at once, for [`ROUNDS`]
+/// rounds. The token each claim was granted, by claim name.
+async fn churn(ns: &TestNamespace, leases: [&str; 3]) -> BTreeMap<String, i64> {
     let mut claim_tokens: BTreeMap<String, i64> = BTreeMap::new();
     for round in 0..ROUNDS {
         for lease in leases {
@@ -334,7 +329,7 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
         for lease in leases {
             for i in 0..2 {
                 let name = format!("{lease}-{round}-{i}");
-                let token = wait_granted(&ns, &name, WAIT).await;
+                let token = wait_granted(ns, &name, WAIT).await;
                 claim_tokens.insert(name.clone(), token);
                 ns.api::<FencedLeaseClaim>()
                     .delete(&name, &DeleteParams::default())
@@ -343,8 +338,12 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
             }
         }
     }
-    stop_watching.cancel();
-    let seen = recorder.await.unwrap();
+    claim_tokens
+}
+
+/// In the statuses the apiserver stored, a lease's token never went down, and no two
+/// distinct holders were ever recorded with the same token.
+fn assert_tokens_only_go_up_each_held_once(seen: &Statuses, leases: [&str; 3]) {
     for lease in leases {
         let history: Vec<&(String, i64, Option<String>)> =
             seen.iter().filter(|(l, _, _)| l == lease).collect();
@@ -369,7 +368,15 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
             }
         }
     }
+}
 
+/// Each lease granted each of its claims a token of its own, and its Granted Events name
+/// exactly those tokens.
+async fn assert_each_token_granted_once(
+    ns: &TestNamespace,
+    claim_tokens: &BTreeMap<String, i64>,
+    leases: [&str; 3],
+) {
     let mut claim_sets: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
     for lease in leases {
         let tokens: Vec<i64> = claim_tokens
@@ -391,7 +398,7 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
         );
         claim_sets.insert(lease.to_string(), distinct);
     }
-    let grants = granted_events(&ns, leases.len() * 2 * usize::try_from(ROUNDS).unwrap()).await;
+    let grants = granted_events(ns, leases.len() * 2 * usize::try_from(ROUNDS).unwrap()).await;
     for lease in leases {
         let tokens: Vec<i64> = grants
             .iter()
@@ -404,6 +411,28 @@ async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
             "lease {lease}: every token granted exactly once"
         );
     }
+}
+
+#[tokio::test]
+async fn i1_i2_two_operators_at_once_issue_every_token_exactly_once() {
+    let ns = TestNamespace::new("op-race").await;
+    // Every grant's Event is counted below: no Normal-Event budget (the default lets ~50 out
+    // of a quick burst of 120 through).
+    let every_event = ["--events-per-second", "10000"];
+    let a = OperatorProcess::start(&ns.name, &every_event);
+    let b = OperatorProcess::start(&ns.name, &every_event);
+    let leases = ["x", "y", "z"];
+    for lease in leases {
+        ns.create_lease(lease, 30);
+    }
+
+    let stop_watching = tokio_util::sync::CancellationToken::new();
+    let recorder = record_lease_statuses(&ns, stop_watching.clone());
+    let claim_tokens = churn(&ns, leases).await;
+    stop_watching.cancel();
+    let seen = recorder.await.unwrap();
+    assert_tokens_only_go_up_each_held_once(&seen, leases);
+    assert_each_token_granted_once(&ns, &claim_tokens, leases).await;
 
     // The two really raced: some of their status writes were refused on resourceVersion.
     let mut conflicts = 0;

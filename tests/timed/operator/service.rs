@@ -107,70 +107,54 @@ async fn serves_health_and_metrics_and_stops_gracefully_on_sigterm() {
     assert!(status.success(), "exit status after SIGTERM: {status}");
 }
 
-#[tokio::test]
-async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
-    let ns = TestNamespace::new("svc-leader").await;
+/// A replica named `identity`, electing a leader among replicas on a 3 s leader lease.
+fn replica(ns: &TestNamespace, identity: &str) -> OperatorProcess {
     let election = [
         "--leader-election=true",
         "--leader-election-lease-seconds",
         "3",
     ];
-    let mut first = OperatorProcess::start(
+    OperatorProcess::start(
         &ns.name,
-        &[&election[..], &["--identity", "replica-a"]].concat(),
-    );
-    wait_for("replica-a to lead", WAIT, || async {
-        first.log_text().contains("became leader").then_some(())
+        &[&election[..], &["--identity", identity]].concat(),
+    )
+}
+
+/// Waits until `op`'s log holds `text`.
+async fn wait_logged(op: &OperatorProcess, what: &str, text: &str) {
+    wait_for(what, WAIT, || async {
+        op.log_text().contains(text).then_some(())
     })
     .await;
-    let mut second = OperatorProcess::start(
-        &ns.name,
-        &[&election[..], &["--identity", "replica-b"]].concat(),
-    );
-    wait_for("replica-b to wait", WAIT, || async {
-        second
-            .log_text()
-            .contains("waiting for leadership")
-            .then_some(())
-    })
-    .await;
+}
 
-    create(&ns, "l", "one").await;
-    let token_one = wait_for("the grant", WAIT, || ns.granted_token("one")).await;
-    assert!(first.log_text().contains("granted"), "the leader granted");
-    assert!(
-        !second.log_text().contains("granted"),
-        "the standby must not reconcile:\n{}",
-        second.log_text()
-    );
-    let holder = |ns: &TestNamespace| {
-        let api = ns.api::<Lease>();
-        async move {
-            api.get("fenced-lease-operator")
-                .await
-                .ok()?
-                .spec?
-                .holder_identity
-        }
-    };
-    assert_eq!(holder(&ns).await.as_deref(), Some("replica-a"));
-    // fenced_lease_leader says which replica leads (the alert FencedLeaseNoLeader reads it).
-    assert_eq!(first.metric("fenced_lease_leader").await, Some(1.0));
-    assert_eq!(second.metric("fenced_lease_leader").await, Some(0.0));
+/// The identity the replicas' leader Lease names.
+async fn leader(ns: &TestNamespace) -> Option<String> {
+    ns.api::<Lease>()
+        .get("fenced-lease-operator")
+        .await
+        .ok()?
+        .spec?
+        .holder_identity
+}
 
-    // The leader dies without a word: the standby waits out the lease, then takes over.
+/// The leader `first` dies without a word: the standby `second` waits out the lease, then
+/// takes over, and grants above `token_one`.
+async fn the_standby_takes_over(
+    ns: &TestNamespace,
+    first: &mut OperatorProcess,
+    second: &OperatorProcess,
+    token_one: i64,
+) {
     first.kill();
     let killed = Instant::now();
-    wait_for("replica-b to lead", WAIT, || async {
-        second.log_text().contains("became leader").then_some(())
-    })
-    .await;
+    wait_logged(second, "replica-b to lead", "became leader").await;
     let takeover = killed.elapsed();
     assert!(
         takeover >= Duration::from_secs(2),
         "took over after {takeover:?}, before the leader lease ran out"
     );
-    assert_eq!(holder(&ns).await.as_deref(), Some("replica-b"));
+    assert_eq!(leader(ns).await.as_deref(), Some("replica-b"));
     wait_for("replica-b to report leading", WAIT, || async {
         (second.metric("fenced_lease_leader").await? == 1.0).then_some(())
     })
@@ -179,14 +163,19 @@ async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
         .delete("one", &Default::default())
         .await
         .unwrap();
-    create(&ns, "l", "two").await;
+    create(ns, "l", "two").await;
     let token_two = wait_for("the grant by the new leader", WAIT, || {
         ns.granted_token("two")
     })
     .await;
     assert!(token_two > token_one, "{token_two} after {token_one}");
+}
 
-    // A leader that stops gracefully hands over at once.
+/// A leader (`second`) that stops gracefully hands over at once, to `first` restarted.
+async fn a_graceful_stop_hands_over_at_once(
+    first: &mut OperatorProcess,
+    second: &mut OperatorProcess,
+) {
     first.restart();
     wait_for("replica-a to wait", WAIT, || async {
         first
@@ -210,4 +199,29 @@ async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
         "graceful hand-over took {:?}",
         stopped.elapsed()
     );
+}
+
+#[tokio::test]
+async fn only_the_elected_replica_grants_and_a_standby_takes_over() {
+    let ns = TestNamespace::new("svc-leader").await;
+    let mut first = replica(&ns, "replica-a");
+    wait_logged(&first, "replica-a to lead", "became leader").await;
+    let mut second = replica(&ns, "replica-b");
+    wait_logged(&second, "replica-b to wait", "waiting for leadership").await;
+
+    create(&ns, "l", "one").await;
+    let token_one = wait_for("the grant", WAIT, || ns.granted_token("one")).await;
+    assert!(first.log_text().contains("granted"), "the leader granted");
+    assert!(
+        !second.log_text().contains("granted"),
+        "the standby must not reconcile:\n{}",
+        second.log_text()
+    );
+    assert_eq!(leader(&ns).await.as_deref(), Some("replica-a"));
+    // fenced_lease_leader says which replica leads (the alert FencedLeaseNoLeader reads it).
+    assert_eq!(first.metric("fenced_lease_leader").await, Some(1.0));
+    assert_eq!(second.metric("fenced_lease_leader").await, Some(0.0));
+
+    the_standby_takes_over(&ns, &mut first, &second, token_one).await;
+    a_graceful_stop_hands_over_at_once(&mut first, &mut second).await;
 }

@@ -15,7 +15,8 @@ use common::operator::OperatorProcess;
 use common::proxy::Proxy;
 use common::{TestNamespace, wait_for};
 use fenced_lease::api::FencedLease;
-use fenced_lease::holder::{AcquireOptions, Timing, acquire};
+use fenced_lease::holder::{AcquireOptions, Error, LeaseGuard, Timing, acquire};
+use tokio::task::JoinHandle;
 
 /// Lease duration of these scenarios (seconds).
 const D: u64 = 2;
@@ -50,6 +51,92 @@ async fn holder_of(ns: &TestNamespace, lease: &str) -> Option<String> {
     Some(lease.status?.holder?.claim)
 }
 
+/// B acquires lease l directly, in a task of its own, and is queued once this returns.
+async fn b_queues(ns: &TestNamespace) -> JoinHandle<Result<LeaseGuard, Error>> {
+    let b = tokio::spawn({
+        let (client, ns) = (ns.holder_client().await, ns.name.clone());
+        async move {
+            acquire(
+                client,
+                &ns,
+                "l",
+                AcquireOptions::default()
+                    .identity("B")
+                    .wait(Duration::from_secs(120)),
+            )
+            .await
+        }
+    });
+    wait_for("B to queue", WAIT, || async {
+        let lease = ns.api::<FencedLease>().get("l").await.ok()?;
+        (lease.status?.waiting == 1).then_some(())
+    })
+    .await;
+    b
+}
+
+/// The fault, on the operator alone (it reaches the apiserver through `op_proxy`).
+async fn inflict(fault: Fault, op: &OperatorProcess, op_proxy: &Proxy) {
+    match fault {
+        Fault::Partition(outage) => {
+            op_proxy.cut();
+            tokio::time::sleep(outage).await;
+            op_proxy.heal();
+            assert!(
+                op_proxy.refused() > 0,
+                "the operator never tried to reach the apiserver while cut"
+            );
+        }
+        Fault::Pause(outage) => {
+            op.pause();
+            op_proxy.cut();
+            tokio::time::sleep(outage).await;
+            op_proxy.heal();
+            op.resume();
+        }
+    }
+}
+
+/// The operator works again (it grants another lease) — and for a whole lease duration
+/// after that, A (claim `a_claim`) still holds: nothing the operator missed counts against it.
+async fn a_still_holds_after(
+    fault: Fault,
+    attempt: usize,
+    ns: &TestNamespace,
+    op: &OperatorProcess,
+    a: &LeaseGuard,
+    a_claim: &str,
+) {
+    let probe = format!("probe-{attempt}");
+    ns.create_claim(&probe, "probe", None).await;
+    wait_for("the operator to grant again", WAIT, || {
+        ns.granted_token(&probe)
+    })
+    .await;
+    let until = Instant::now() + Duration::from_secs(D) + Duration::from_secs(1);
+    while Instant::now() < until {
+        assert!(
+            a.token().is_ok(),
+            "{fault:?}: A lost the lease although it kept renewing: {:?}\n{}",
+            a.state(),
+            op.log_text()
+        );
+        assert_eq!(
+            holder_of(ns, "l").await.as_deref(),
+            Some(a_claim),
+            "{fault:?}: the lease went to someone else while A kept renewing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The instant of lease l's grant, its `acquireTime`.
+async fn granted_at(ns: &TestNamespace) -> SystemTime {
+    let lease = ns.api::<FencedLease>().get("l").await.unwrap();
+    let at = lease.status.unwrap().acquire_time.expect("acquireTime").0;
+    SystemTime::UNIX_EPOCH + Duration::from_micros(u64::try_from(at.as_microsecond()).unwrap())
+}
+
 /// One run: A holds, B waits, the fault hits the operator alone while A keeps renewing; once
 /// the operator works again A must still hold for a whole lease duration. Then A alone is cut
 /// off: it loses the lease at its safe deadline, and B's grant comes after that by at least
@@ -74,70 +161,11 @@ async fn run(fault: Fault, attempt: usize) -> Duration {
     let a_token = a.token().expect("A holds");
     let a_claim = a.claim().to_string();
     let a_last_ok = watch_token_answers(a.handle());
-
-    let b = tokio::spawn({
-        let (client, ns) = (ns.holder_client().await, ns.name.clone());
-        async move {
-            acquire(
-                client,
-                &ns,
-                "l",
-                AcquireOptions::default()
-                    .identity("B")
-                    .wait(Duration::from_secs(120)),
-            )
-            .await
-        }
-    });
-    wait_for("B to queue", WAIT, || async {
-        let lease = ns.api::<FencedLease>().get("l").await.ok()?;
-        (lease.status?.waiting == 1).then_some(())
-    })
-    .await;
+    let b = b_queues(&ns).await;
 
     // The fault, on the operator alone. A keeps renewing directly all along.
-    match fault {
-        Fault::Partition(outage) => {
-            op_proxy.cut();
-            tokio::time::sleep(outage).await;
-            op_proxy.heal();
-            assert!(
-                op_proxy.refused() > 0,
-                "the operator never tried to reach the apiserver while cut"
-            );
-        }
-        Fault::Pause(outage) => {
-            op.pause();
-            op_proxy.cut();
-            tokio::time::sleep(outage).await;
-            op_proxy.heal();
-            op.resume();
-        }
-    }
-
-    // The operator works again (it grants another lease) — and for a whole lease duration
-    // after that, A still holds: nothing the operator missed counts against it.
-    let probe = format!("probe-{attempt}");
-    ns.create_claim(&probe, "probe", None).await;
-    wait_for("the operator to grant again", WAIT, || {
-        ns.granted_token(&probe)
-    })
-    .await;
-    let until = Instant::now() + Duration::from_secs(D) + Duration::from_secs(1);
-    while Instant::now() < until {
-        assert!(
-            a.token().is_ok(),
-            "{fault:?}: A lost the lease although it kept renewing: {:?}\n{}",
-            a.state(),
-            op.log_text()
-        );
-        assert_eq!(
-            holder_of(&ns, "l").await.as_deref(),
-            Some(a_claim.as_str()),
-            "{fault:?}: the lease went to someone else while A kept renewing"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    inflict(fault, &op, &op_proxy).await;
+    a_still_holds_after(fault, attempt, &ns, &op, &a, &a_claim).await;
 
     // Now A alone is cut off: it cannot renew, loses the lease at its safe deadline, and B
     // is granted — after that deadline, never before.
@@ -149,11 +177,7 @@ async fn run(fault: Fault, attempt: usize) -> Duration {
     let b_token = b.token().expect("B holds");
     assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
     assert!(a.token().is_err(), "A still answers Ok after B's grant");
-    let granted_at: SystemTime = {
-        let lease = ns.api::<FencedLease>().get("l").await.unwrap();
-        let at = lease.status.unwrap().acquire_time.expect("acquireTime").0;
-        SystemTime::UNIX_EPOCH + Duration::from_micros(u64::try_from(at.as_microsecond()).unwrap())
-    };
+    let granted_at = granted_at(&ns).await;
     let last_ok = *a_last_ok.lock().unwrap();
     let gap = granted_at.duration_since(last_ok).unwrap_or_else(|e| {
         panic!(
