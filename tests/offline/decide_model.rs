@@ -197,25 +197,72 @@ impl World {
         };
     }
 
+    fn new_claim(&mut self) {
+        let n = self.next_claim;
+        self.next_claim += 1;
+        self.claims.push(ClaimView {
+            name: format!("c{n}"),
+            uid: format!("uid-{n}"),
+            created: i64::try_from(n / 3).unwrap(), // several per second: ties happen
+            deleting: false,
+            pod: if n.is_multiple_of(4) {
+                PodPresence::Present
+            } else {
+                PodPresence::NotNamed
+            },
+            phase: None,
+            last_beat: self.now,
+        });
+    }
+
+    /// The holder's claim, once its lease object is gone.
+    fn revoke_holder(&mut self) {
+        for c in &mut self.claims {
+            if Some(&c.uid) == self.lease.view.holder_uid.as_ref() {
+                c.phase = Some(ClaimPhase::Revoked);
+            }
+        }
+    }
+
+    fn raise_min_token(&mut self, v: i64) {
+        let mut next = self.lease.view.clone();
+        next.min_token = next.min_token.max(v);
+        self.history.push(self.lease.clone());
+        self.lease = Stored {
+            rv: self.lease.rv + 1,
+            view: next,
+        };
+    }
+
+    /// The lease deleted and created again, its record deleted too. What I1 then relies on:
+    /// the wall clock has moved past the last token (tokens run ahead of it only by grants
+    /// within one ms; deleting and re-creating a lease takes longer than that).
+    fn recreate_losing_records(&mut self) {
+        let lead = self.issued.last().map_or(0, |t| t - self.now_ms());
+        if lead >= 0 {
+            self.now += Duration::from_millis(u64::try_from(lead + 1).unwrap());
+        }
+        self.revoke_holder();
+        self.recreate(0);
+    }
+
+    /// I2: at most one Granted claim is the lease's holder.
+    fn assert_one_live_holder(&self) {
+        let holders: Vec<&ClaimView> = self
+            .claims
+            .iter()
+            .filter(|c| c.phase == Some(ClaimPhase::Granted))
+            .collect();
+        let live: Vec<&&ClaimView> = holders
+            .iter()
+            .filter(|c| Some(&c.uid) == self.lease.view.holder_uid.as_ref())
+            .collect();
+        assert!(live.len() <= 1, "I2: two live holders");
+    }
+
     fn apply(&mut self, step: &Step) {
         match *step {
-            Step::NewClaim => {
-                let n = self.next_claim;
-                self.next_claim += 1;
-                self.claims.push(ClaimView {
-                    name: format!("c{n}"),
-                    uid: format!("uid-{n}"),
-                    created: i64::try_from(n / 3).unwrap(), // several per second: ties happen
-                    deleting: false,
-                    pod: if n.is_multiple_of(4) {
-                        PodPresence::Present
-                    } else {
-                        PodPresence::NotNamed
-                    },
-                    phase: None,
-                    last_beat: self.now,
-                });
-            }
+            Step::NewClaim => self.new_claim(),
             Step::DeleteClaim(i) if !self.claims.is_empty() => {
                 let i = i % self.claims.len();
                 self.claims.remove(i);
@@ -237,15 +284,7 @@ impl World {
                     self.claims[i].pod = PodPresence::Missing;
                 }
             }
-            Step::RaiseMinToken(v) => {
-                let mut next = self.lease.view.clone();
-                next.min_token = next.min_token.max(v);
-                self.history.push(self.lease.clone());
-                self.lease = Stored {
-                    rv: self.lease.rv + 1,
-                    view: next,
-                };
-            }
+            Step::RaiseMinToken(v) => self.raise_min_token(v),
             Step::RecreateLease => {
                 // The finalizer records the last token; the new object starts empty.
                 let high_water_mark = self
@@ -253,28 +292,10 @@ impl World {
                     .view
                     .last_token
                     .max(self.lease.view.high_water_mark);
-                for c in &mut self.claims {
-                    if Some(&c.uid) == self.lease.view.holder_uid.as_ref() {
-                        c.phase = Some(ClaimPhase::Revoked);
-                    }
-                }
+                self.revoke_holder();
                 self.recreate(high_water_mark);
             }
-            Step::RecreateLeaseLosingRecords => {
-                // The record is deleted too. What I1 then relies on: the wall clock has moved
-                // past the last token (tokens run ahead of it only by grants within one ms;
-                // deleting and re-creating a lease takes longer than that).
-                let lead = self.issued.last().map_or(0, |t| t - self.now_ms());
-                if lead >= 0 {
-                    self.now += Duration::from_millis(u64::try_from(lead + 1).unwrap());
-                }
-                for c in &mut self.claims {
-                    if Some(&c.uid) == self.lease.view.holder_uid.as_ref() {
-                        c.phase = Some(ClaimPhase::Revoked);
-                    }
-                }
-                self.recreate(0);
-            }
+            Step::RecreateLeaseLosingRecords => self.recreate_losing_records(),
             Step::RestartOperator => {
                 for c in &mut self.claims {
                     c.last_beat = self.now; // first sighting: a full term
@@ -293,16 +314,7 @@ impl World {
             }
             _ => {}
         }
-        let holders: Vec<&ClaimView> = self
-            .claims
-            .iter()
-            .filter(|c| c.phase == Some(ClaimPhase::Granted))
-            .collect();
-        let live: Vec<&&ClaimView> = holders
-            .iter()
-            .filter(|c| Some(&c.uid) == self.lease.view.holder_uid.as_ref())
-            .collect();
-        assert!(live.len() <= 1, "I2: two live holders");
+        self.assert_one_live_holder();
     }
 }
 

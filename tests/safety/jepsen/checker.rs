@@ -286,16 +286,14 @@ pub(crate) fn millis(ns: i64) -> String {
     format!("{:.0} ms", ns as f64 / 1e6)
 }
 
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let row = |f: &mut fmt::Formatter<'_>, name: &str, value: String| {
-            writeln!(f, "  {name:<34} {value:>12}")
-        };
-        writeln!(
-            f,
-            "history: {:.1} s",
-            self.end.saturating_sub(self.start) as f64 / 1e9
-        )?;
+/// One row of the report's table: a name and a right-aligned value.
+fn row(f: &mut fmt::Formatter<'_>, name: &str, value: String) -> fmt::Result {
+    writeln!(f, "  {name:<34} {value:>12}")
+}
+
+impl Report {
+    /// The table: operations, writes per resource, grants, faults and violations, counted.
+    fn fmt_table(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "operations {:>36}", self.operations())?;
         row(f, "acquire attempts", self.acquire_attempts.to_string())?;
         row(
@@ -356,6 +354,12 @@ impl fmt::Display for Report {
         for kind in Kind::ALL {
             row(f, kind.name(), self.count(kind).to_string())?;
         }
+        Ok(())
+    }
+
+    /// Fenced writes refused while the apiserver could not configure the lease policy, and
+    /// the restart windows they give.
+    fn fmt_restarts(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.policy_unconfigured > 0 {
             writeln!(
                 f,
@@ -384,6 +388,11 @@ impl fmt::Display for Report {
                     .join(", "),
             )?;
         }
+        Ok(())
+    }
+
+    /// What the identity fence (I11) did with the writes of pods.
+    fn fmt_identity(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let id = &self.identity;
         writeln!(
             f,
@@ -401,7 +410,12 @@ impl fmt::Display for Report {
             id.excused,
             id.renamed,
             id.holders_without_pod,
-        )?;
+        )
+    }
+
+    /// Liveness, the closest hand-over, collateral refusals, the nemesis's fence edits and the
+    /// operator's step-downs.
+    fn fmt_notes(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "liveness: {} holders killed or cut off checked ({} skipped: no live waiter, or another fault in the window); worst re-grant {} after the term",
@@ -455,6 +469,20 @@ impl fmt::Display for Report {
                 format!(": {}", test_bed.join(", "))
             },
         )
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "history: {:.1} s",
+            self.end.saturating_sub(self.start) as f64 / 1e9
+        )?;
+        self.fmt_table(f)?;
+        self.fmt_restarts(f)?;
+        self.fmt_identity(f)?;
+        self.fmt_notes(f)
     }
 }
 
@@ -566,6 +594,13 @@ struct Sighting<'a> {
 
 /// token-issued-twice and grant-order.
 fn tokens(entries: &[&Entry], r: &mut Report) {
+    issued_once(entries, r);
+    grant_order(entries, r);
+}
+
+/// token-issued-twice: each (lease, token) seen held by one claim only; and the grants the
+/// watch and the holders saw, counted.
+fn issued_once(entries: &[&Entry], r: &mut Report) {
     let mut seen: BTreeMap<(&str, i64), Vec<Sighting<'_>>> = BTreeMap::new();
     let mut watched: BTreeSet<(&str, i64)> = BTreeSet::new();
     let mut held: BTreeSet<(&str, i64)> = BTreeSet::new();
@@ -641,8 +676,11 @@ fn tokens(entries: &[&Entry], r: &mut Report) {
     r.grants = both.len();
     r.grants_watched = watched.len();
     r.grants_held = held.len();
+}
 
-    // Grants in etcd revision order, per lease name (across deletions and re-creations).
+/// grant-order: grants in etcd revision order, per lease name (across deletions and
+/// re-creations), carry strictly increasing tokens.
+fn grant_order(entries: &[&Entry], r: &mut Report) {
     let mut states: BTreeMap<&str, Vec<(u64, u64, &str, i64)>> = BTreeMap::new();
     for e in entries {
         if let Event::LeaseState {
@@ -700,16 +738,13 @@ struct Belief<'a> {
     last_ok: u64,
 }
 
-/// overlapping-holders and token-after-loss.
-fn holders(entries: &[&Entry], r: &mut Report) {
-    let mut beliefs: BTreeMap<(&str, &str), Belief<'_>> = BTreeMap::new();
-    let mut lost_at: HashMap<&str, u64> = HashMap::new();
-    // Claims their holder gave up (release, drop): the next grant may follow at once.
-    let mut let_go: HashMap<&str, u64> = HashMap::new();
-    let mut acquired_at: HashMap<&str, u64> = HashMap::new();
-    // Deletions of a lease by the nemesis: (lease, from, to); a holder may hear of one a
-    // little after the nemesis is done with it.
-    let mut lease_faults: Vec<(&str, u64, u64)> = vec![];
+/// A deletion of a lease by the nemesis: (lease, from, to); a holder may hear of one a little
+/// after the nemesis is done with it.
+type LeaseDeletion<'a> = (&'a str, u64, u64);
+
+/// The nemesis's deletions of leases, each until [`DELETION_HEARD_WITHIN`] after its end.
+fn lease_deletions<'a>(entries: &[&'a Entry]) -> Vec<LeaseDeletion<'a>> {
+    let mut lease_faults: Vec<LeaseDeletion<'a>> = vec![];
     for e in entries {
         match &e.ev {
             Event::FaultStart {
@@ -725,6 +760,27 @@ fn holders(entries: &[&Entry], r: &mut Report) {
             _ => {}
         }
     }
+    lease_faults
+}
+
+/// What the library holders believed, by (lease, claim), and when each claim was let go
+/// (released, dropped: the next grant may follow at once).
+struct Beliefs<'a> {
+    beliefs: BTreeMap<(&'a str, &'a str), Belief<'a>>,
+    let_go: HashMap<&'a str, u64>,
+}
+
+/// The library holders' beliefs, with the token-after-loss and expired-while-renewing
+/// violations found on the way.
+fn beliefs<'a>(
+    entries: &[&'a Entry],
+    lease_faults: &[LeaseDeletion<'a>],
+    r: &mut Report,
+) -> Beliefs<'a> {
+    let mut beliefs: BTreeMap<(&str, &str), Belief<'_>> = BTreeMap::new();
+    let mut lost_at: HashMap<&str, u64> = HashMap::new();
+    let mut let_go: HashMap<&str, u64> = HashMap::new();
+    let mut acquired_at: HashMap<&str, u64> = HashMap::new();
     for e in entries {
         match &e.ev {
             Event::TokenOk {
@@ -758,31 +814,10 @@ fn holders(entries: &[&Entry], r: &mut Report) {
                 b.first_ok = b.first_ok.min(e.t);
                 b.last_ok = b.last_ok.max(*called);
             }
-            Event::Lost {
-                lease,
-                claim,
-                reason,
-                by_operator,
-                deadline_in,
-            } => {
+            Event::Lost { claim, .. } => {
                 lost_at.entry(claim).or_insert(e.t);
                 let acquired = acquired_at.get(claim.as_str()).copied().unwrap_or(0);
-                let lease_deleted = lease_faults
-                    .iter()
-                    .any(|(l, from, to)| *l == lease.as_str() && *from <= e.t && *to >= acquired);
-                if *by_operator && *deadline_in > 0 && !lease_deleted {
-                    r.violations.push(Violation {
-                        claims: vec![claim.clone()],
-                        kind: Kind::ExpiredWhileRenewing,
-                        at: e.t,
-                        message: format!(
-                            "lease {lease}: {} (claim {claim}) lost it at {} ({reason}) while its own safe deadline was still {} away: the operator ended the term before the holder's deadline (I9)",
-                            e.p,
-                            secs(r.start, e.t),
-                            millis(*deadline_in),
-                        ),
-                    });
-                }
+                expired_while_renewing(e, acquired, lease_faults, r);
             }
             Event::Acquired { claim, .. } => {
                 acquired_at.entry(claim).or_insert(e.t);
@@ -797,58 +832,115 @@ fn holders(entries: &[&Entry], r: &mut Report) {
             _ => {}
         }
     }
+    Beliefs { beliefs, let_go }
+}
+
+/// expired-while-renewing, for a `Lost` entry of a claim acquired at `acquired`: the operator
+/// ended the term while the holder's own deadline was ahead, and its lease was not deleted
+/// meanwhile.
+fn expired_while_renewing(
+    e: &Entry,
+    acquired: u64,
+    lease_faults: &[LeaseDeletion<'_>],
+    r: &mut Report,
+) {
+    let Event::Lost {
+        lease,
+        claim,
+        reason,
+        by_operator,
+        deadline_in,
+    } = &e.ev
+    else {
+        return;
+    };
+    let lease_deleted = lease_faults
+        .iter()
+        .any(|(l, from, to)| *l == lease.as_str() && *from <= e.t && *to >= acquired);
+    if *by_operator && *deadline_in > 0 && !lease_deleted {
+        r.violations.push(Violation {
+            claims: vec![claim.clone()],
+            kind: Kind::ExpiredWhileRenewing,
+            at: e.t,
+            message: format!(
+                "lease {lease}: {} (claim {claim}) lost it at {} ({reason}) while its own safe deadline was still {} away: the operator ended the term before the holder's deadline (I9)",
+                e.p,
+                secs(r.start, e.t),
+                millis(*deadline_in),
+            ),
+        });
+    }
+}
+
+/// overlapping-holders, token-after-loss and expired-while-renewing.
+fn holders(entries: &[&Entry], r: &mut Report) {
+    let lease_faults = lease_deletions(entries);
+    let Beliefs { beliefs, let_go } = beliefs(entries, &lease_faults, r);
     let mut by_lease: BTreeMap<&str, Vec<Belief<'_>>> = BTreeMap::new();
     for ((lease, _), b) in beliefs {
         by_lease.entry(lease).or_default().push(b);
     }
-    for (lease, mut list) in by_lease {
-        list.sort_by_key(|b| (b.token, b.first_ok));
-        // The latest "still believed" instant among the holders of strictly lower tokens.
-        let mut latest: Option<Belief<'_>> = None;
-        let mut i = 0;
-        while i < list.len() {
-            let token = list[i].token;
-            let same: Vec<Belief<'_>> = list[i..]
-                .iter()
-                .take_while(|b| b.token == token)
-                .cloned()
-                .collect();
-            for y in &same {
-                if let Some(x) = &latest {
-                    let gap = i64::try_from(y.first_ok).unwrap_or(i64::MAX)
-                        - i64::try_from(x.last_ok).unwrap_or(0);
-                    let deleted_under = lease_faults.iter().any(|(l, from, to)| {
-                        *l == lease && *from <= y.first_ok && *to >= x.first_ok
+    for (lease, list) in by_lease {
+        overlapping_holders(lease, list, &lease_faults, &let_go, r);
+    }
+}
+
+/// overlapping-holders, among the holders of `lease` (`list`): each holder's first Ok against
+/// the latest "still believed" instant of the holders of strictly lower tokens; and the
+/// hand-overs where the earlier holder did not let go and the lease was not deleted under it.
+fn overlapping_holders(
+    lease: &str,
+    mut list: Vec<Belief<'_>>,
+    lease_faults: &[LeaseDeletion<'_>],
+    let_go: &HashMap<&str, u64>,
+    r: &mut Report,
+) {
+    list.sort_by_key(|b| (b.token, b.first_ok));
+    // The latest "still believed" instant among the holders of strictly lower tokens.
+    let mut latest: Option<Belief<'_>> = None;
+    let mut i = 0;
+    while i < list.len() {
+        let token = list[i].token;
+        let same: Vec<Belief<'_>> = list[i..]
+            .iter()
+            .take_while(|b| b.token == token)
+            .cloned()
+            .collect();
+        for y in &same {
+            if let Some(x) = &latest {
+                let gap = i64::try_from(y.first_ok).unwrap_or(i64::MAX)
+                    - i64::try_from(x.last_ok).unwrap_or(0);
+                let deleted_under = lease_faults
+                    .iter()
+                    .any(|(l, from, to)| *l == lease && *from <= y.first_ok && *to >= x.first_ok);
+                if let_go.get(x.claim).is_none_or(|&t| t > y.first_ok) && !deleted_under {
+                    r.handovers.push((gap, x.claim.to_string()));
+                }
+                if gap < 0 {
+                    r.violations.push(Violation {
+                        claims: vec![x.claim.to_string(), y.claim.to_string()],
+                        kind: Kind::OverlappingHolders,
+                        at: y.first_ok,
+                        message: format!(
+                            "lease {lease}: two holders believed they held it at once (I6 + I9): {} (claim {}, token {}) still got token() = Ok at {}, after {} (claim {}, token {}) had got token() = Ok at {} ({} earlier)",
+                            x.process,
+                            x.claim,
+                            x.token,
+                            secs(r.start, x.last_ok),
+                            y.process,
+                            y.claim,
+                            y.token,
+                            secs(r.start, y.first_ok),
+                            millis(-gap),
+                        ),
                     });
-                    if let_go.get(x.claim).is_none_or(|&t| t > y.first_ok) && !deleted_under {
-                        r.handovers.push((gap, x.claim.to_string()));
-                    }
-                    if gap < 0 {
-                        r.violations.push(Violation {
-                            claims: vec![x.claim.to_string(), y.claim.to_string()],
-                            kind: Kind::OverlappingHolders,
-                            at: y.first_ok,
-                            message: format!(
-                                "lease {lease}: two holders believed they held it at once (I6 + I9): {} (claim {}, token {}) still got token() = Ok at {}, after {} (claim {}, token {}) had got token() = Ok at {} ({} earlier)",
-                                x.process,
-                                x.claim,
-                                x.token,
-                                secs(r.start, x.last_ok),
-                                y.process,
-                                y.claim,
-                                y.token,
-                                secs(r.start, y.first_ok),
-                                millis(-gap),
-                            ),
-                        });
-                    }
                 }
             }
-            for y in same {
-                i += 1;
-                if latest.as_ref().is_none_or(|x| y.last_ok > x.last_ok) {
-                    latest = Some(y);
-                }
+        }
+        for y in same {
+            i += 1;
+            if latest.as_ref().is_none_or(|x| y.last_ok > x.last_ok) {
+                latest = Some(y);
             }
         }
     }
@@ -871,8 +963,19 @@ enum Outcome {
     Refused,
 }
 
+/// Each resource key's accepted writes, by their position in its order.
+type Logs<'a> = BTreeMap<(Resource, &'a str), BTreeMap<u64, LogEntry>>;
+
 /// fence-accepted-lower, fence-refused-applied, accepted-write-missing.
 fn fences(entries: &[&Entry], r: &mut Report) {
+    let writes = writes_to_fences(entries);
+    let (logs, complete) = accepted_orders(entries, &writes);
+    let reported = check_orders(&logs, &complete, &writes, r);
+    check_real_time(&writes, &reported, r);
+}
+
+/// The writes to resources that check tokens, by write id, with their outcomes.
+fn writes_to_fences<'a>(entries: &[&'a Entry]) -> BTreeMap<&'a str, Write<'a>> {
     let mut writes: BTreeMap<&str, Write<'_>> = BTreeMap::new();
     for e in entries {
         match &e.ev {
@@ -908,12 +1011,18 @@ fn fences(entries: &[&Entry], r: &mut Report) {
             _ => {}
         }
     }
+    writes
+}
 
-    // Each resource key's order of accepted writes: its own log (complete) where there is one,
-    // else what the watch and the writers saw (by resourceVersion).
-    let mut logs: BTreeMap<(Resource, &str), BTreeMap<u64, LogEntry>> = BTreeMap::new();
+/// Each resource key's order of accepted writes: its own log (complete) where there is one,
+/// else what the watch and the writers saw (by resourceVersion); and the keys whose log is
+/// complete.
+fn accepted_orders<'a>(
+    entries: &[&'a Entry],
+    writes: &BTreeMap<&'a str, Write<'a>>,
+) -> (Logs<'a>, BTreeSet<(Resource, &'a str)>) {
+    let mut logs: Logs<'a> = BTreeMap::new();
     let mut complete: BTreeSet<(Resource, &str)> = BTreeSet::new();
-    let end = r.end;
     for e in entries {
         match &e.ev {
             Event::ResourceLog {
@@ -945,7 +1054,7 @@ fn fences(entries: &[&Entry], r: &mut Report) {
             _ => {}
         }
     }
-    for (id, w) in &writes {
+    for (id, w) in writes {
         if let Outcome::Accepted { seq: Some(seq), .. } = w.outcome
             && !complete.contains(&(w.resource, w.key))
         {
@@ -959,10 +1068,22 @@ fn fences(entries: &[&Entry], r: &mut Report) {
                 });
         }
     }
+    (logs, complete)
+}
 
-    let when = |write: &str| writes.get(write).map_or(end, |w| w.attempted);
+/// By each resource's own order: a token accepted below one accepted before it
+/// (fence-accepted-lower), a write reported refused that the log has (fence-refused-applied),
+/// one reported accepted that a complete log lacks (accepted-write-missing). The writes
+/// already reported as accepted lower.
+fn check_orders(
+    logs: &Logs<'_>,
+    complete: &BTreeSet<(Resource, &str)>,
+    writes: &BTreeMap<&str, Write<'_>>,
+    r: &mut Report,
+) -> BTreeSet<String> {
+    let when = |write: &str| writes.get(write).map_or(r.end, |w| w.attempted);
     let mut reported: BTreeSet<String> = BTreeSet::new();
-    for ((resource, key), log) in &logs {
+    for ((resource, key), log) in logs {
         let mut highest: Option<&LogEntry> = None;
         for entry in log.values() {
             if let Some(h) = highest
@@ -991,43 +1112,59 @@ fn fences(entries: &[&Entry], r: &mut Report) {
         }
         let in_log: HashMap<&str, &LogEntry> =
             log.values().map(|e| (e.write.as_str(), e)).collect();
+        let log_complete = complete.contains(&(*resource, *key));
         for (id, w) in writes
             .iter()
             .filter(|(_, w)| w.resource == *resource && w.key == *key)
         {
-            match w.outcome {
-                Outcome::Refused if in_log.contains_key(id) => r.violations.push(Violation {
-                    claims: vec![],
-                    kind: Kind::FenceRefusedApplied,
-                    at: w.attempted,
-                    message: format!(
-                        "{} {key}: write {id} of {} (token {}) was reported refused, yet the resource applied it",
-                        resource.describe(),
-                        w.process,
-                        w.token
-                    ),
-                }),
-                Outcome::Accepted { at, .. } if complete.contains(&(*resource, key)) && !in_log.contains_key(id) => {
-                    r.violations.push(Violation {
-                        claims: vec![],
-                        kind: Kind::AcceptedWriteMissing,
-                        at,
-                        message: format!(
-                            "{} {key}: write {id} of {} (token {}) was reported accepted, but the resource's log does not have it",
-                            resource.describe(),
-                            w.process,
-                            w.token
-                        ),
-                    })
-                }
-                _ => {}
+            if let Some(v) = logged_as_answered(id, w, in_log.contains_key(id), log_complete) {
+                r.violations.push(v);
             }
         }
     }
+    reported
+}
 
-    // By real time: a write accepted before another was even sent, with a higher token.
+/// fence-refused-applied or accepted-write-missing, for write `id` (`w`), which the
+/// resource's log has or not (`in_log`), that log complete or not.
+fn logged_as_answered(id: &str, w: &Write<'_>, in_log: bool, complete: bool) -> Option<Violation> {
+    let (resource, key) = (w.resource, w.key);
+    match w.outcome {
+        Outcome::Refused if in_log => Some(Violation {
+            claims: vec![],
+            kind: Kind::FenceRefusedApplied,
+            at: w.attempted,
+            message: format!(
+                "{} {key}: write {id} of {} (token {}) was reported refused, yet the resource applied it",
+                resource.describe(),
+                w.process,
+                w.token
+            ),
+        }),
+        Outcome::Accepted { at, .. } if complete && !in_log => Some(Violation {
+            claims: vec![],
+            kind: Kind::AcceptedWriteMissing,
+            at,
+            message: format!(
+                "{} {key}: write {id} of {} (token {}) was reported accepted, but the resource's log does not have it",
+                resource.describe(),
+                w.process,
+                w.token
+            ),
+        }),
+        _ => None,
+    }
+}
+
+/// fence-accepted-lower by real time: a write accepted before another was even sent, with a
+/// higher token (a write already `reported` aside).
+fn check_real_time(
+    writes: &BTreeMap<&str, Write<'_>>,
+    reported: &BTreeSet<String>,
+    r: &mut Report,
+) {
     let mut per_key: BTreeMap<(Resource, &str), Vec<(&str, &Write<'_>)>> = BTreeMap::new();
-    for (id, w) in &writes {
+    for (id, w) in writes {
         if matches!(w.outcome, Outcome::Accepted { .. }) {
             per_key
                 .entry((w.resource, w.key))
@@ -1036,55 +1173,69 @@ fn fences(entries: &[&Entry], r: &mut Report) {
         }
     }
     for ((resource, key), list) in per_key {
-        // Sweep: completions and starts in time order; a start below the highest completed
-        // token is a regression the resource cannot have ordered otherwise.
-        let mut points: Vec<(u64, bool, usize)> = vec![];
-        for (i, (_, w)) in list.iter().enumerate() {
-            if let Outcome::Accepted { at, .. } = w.outcome {
-                points.push((at, true, i));
-            }
-            points.push((w.attempted, false, i));
-        }
-        points.sort_by_key(|p| (p.0, !p.1));
-        let mut highest: Option<usize> = None;
-        for (_, done, i) in points {
-            let (id, w) = list[i];
-            if done {
-                if highest.is_none_or(|h| w.token > list[h].1.token) {
-                    highest = Some(i);
-                }
-            } else if let Some(h) = highest
-                && w.token < list[h].1.token
-                && !reported.contains(id)
-            {
-                let (hid, hw) = list[h];
-                let message = format!(
-                    "{} {key} accepted token {} (write {id} of {}, sent at {}) after it had accepted token {} (write {hid} of {}, answered at {}): a fence must refuse a token lower than one it accepted",
-                    resource.describe(),
-                    w.token,
-                    w.process,
-                    secs(r.start, w.attempted),
-                    hw.token,
-                    hw.process,
-                    secs(
-                        r.start,
-                        match hw.outcome {
-                            Outcome::Accepted { at, .. } => at,
-                            _ => 0,
-                        }
-                    ),
-                );
-                r.violations.push(Violation {
-                    claims: vec![],
-                    kind: Kind::FenceAcceptedLower,
-                    at: w.attempted,
-                    message,
-                });
-                // One per regressing write is enough.
-                break;
-            }
+        if let Some(v) = accepted_lower_in_time(resource, key, &list, reported, r.start) {
+            r.violations.push(v);
         }
     }
+}
+
+/// The first write of `list` (the accepted writes of one resource key) sent after the resource
+/// had accepted a higher token, as a violation.
+fn accepted_lower_in_time(
+    resource: Resource,
+    key: &str,
+    list: &[(&str, &Write<'_>)],
+    reported: &BTreeSet<String>,
+    start: u64,
+) -> Option<Violation> {
+    // Sweep: completions and starts in time order; a start below the highest completed
+    // token is a regression the resource cannot have ordered otherwise.
+    let mut points: Vec<(u64, bool, usize)> = vec![];
+    for (i, (_, w)) in list.iter().enumerate() {
+        if let Outcome::Accepted { at, .. } = w.outcome {
+            points.push((at, true, i));
+        }
+        points.push((w.attempted, false, i));
+    }
+    points.sort_by_key(|p| (p.0, !p.1));
+    let mut highest: Option<usize> = None;
+    for (_, done, i) in points {
+        let (id, w) = list[i];
+        if done {
+            if highest.is_none_or(|h| w.token > list[h].1.token) {
+                highest = Some(i);
+            }
+        } else if let Some(h) = highest
+            && w.token < list[h].1.token
+            && !reported.contains(id)
+        {
+            let (hid, hw) = list[h];
+            let message = format!(
+                "{} {key} accepted token {} (write {id} of {}, sent at {}) after it had accepted token {} (write {hid} of {}, answered at {}): a fence must refuse a token lower than one it accepted",
+                resource.describe(),
+                w.token,
+                w.process,
+                secs(start, w.attempted),
+                hw.token,
+                hw.process,
+                secs(
+                    start,
+                    match hw.outcome {
+                        Outcome::Accepted { at, .. } => at,
+                        _ => 0,
+                    }
+                ),
+            );
+            // One per regressing write is enough.
+            return Some(Violation {
+                claims: vec![],
+                kind: Kind::FenceAcceptedLower,
+                at: w.attempted,
+                message,
+            });
+        }
+    }
+    None
 }
 
 /// liveness: a killed holder's lease is granted again within the term + the bound.

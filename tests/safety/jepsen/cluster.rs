@@ -158,6 +158,72 @@ impl Slot {
     }
 }
 
+/// The programs a slot's holder process runs: this test binary (the library holder, and the
+/// writer under `kubectl fence run`), `kubectl-fence` and the Go holder.
+struct Programs {
+    exe: PathBuf,
+    kubectl_fence: PathBuf,
+    go_holder: PathBuf,
+}
+
+impl Programs {
+    /// The command of `slot`'s kind of holder, as process `settings.process`.
+    fn command(&self, slot: &Slot, settings: &Settings) -> tokio::process::Command {
+        match slot.kind {
+            Kind::Library => {
+                let mut cmd = tokio::process::Command::new(&self.exe);
+                cmd.env("JEPSEN_ROLE", "holder");
+                cmd
+            }
+            Kind::Go => tokio::process::Command::new(&self.go_holder),
+            Kind::GoLock => {
+                let mut cmd = tokio::process::Command::new(&self.go_holder);
+                cmd.arg("-mode=lock");
+                cmd
+            }
+            Kind::Follow => {
+                let mut cmd = tokio::process::Command::new(&self.go_holder);
+                cmd.args(["-mode=follow", &format!("-follow={FOLLOWED}")]);
+                cmd
+            }
+            Kind::Cli => {
+                let mut cmd = tokio::process::Command::new(&self.kubectl_fence);
+                cmd.args([
+                    "run",
+                    &slot.lease,
+                    "-n",
+                    &settings.namespace,
+                    "--wait",
+                    "60s",
+                ])
+                .args(["--identity", &settings.process, "--grace", "1s", "--"])
+                .arg(&self.exe)
+                .env("JEPSEN_ROLE", "writer");
+                cmd
+            }
+        }
+    }
+
+    /// Starts `slot`'s holder process with `settings` in its environment, its output appended
+    /// to the slot's log.
+    fn spawn(&self, slot: &Slot, settings: &Settings) -> tokio::process::Child {
+        let mut cmd = self.command(slot, settings);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(settings.run_dir.join(format!("{}.log", slot.name)))
+            .expect("holder log");
+        cmd.envs(settings.to_env())
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .kill_on_drop(true);
+        cmd.spawn().expect("start a holder")
+    }
+}
+
 /// Everything a run has running.
 pub struct Cluster {
     pub ns: TestNamespace,
@@ -183,6 +249,77 @@ pub struct Cluster {
     observer: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// Each lease of the run with its workloads (the object it fences by kind and a scratch one)
+/// and its labelled ConfigMap; and the lease that fences objects only.
+async fn create_leases_and_fenced_objects(ns: &TestNamespace) {
+    for (lease, duration) in LEASES {
+        create_lease(ns, lease, duration).await;
+        let workloads = workload::api(ns.client.clone(), &ns.name, lease);
+        for name in [workload::object_name(lease), workload::scratch_name(lease)] {
+            let object: DynamicObject =
+                serde_json::from_value(workload::manifest(lease, &name)).expect("a workload");
+            workloads
+                .create(&PostParams::default(), &object)
+                .await
+                .expect("create a fenced workload");
+        }
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(config_map_name(lease)),
+                labels: Some(BTreeMap::from([(LEASE_LABEL.into(), lease.into())])),
+                annotations: Some(BTreeMap::from([(TOKEN_ANNOTATION.into(), "0".into())])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        ns.api::<ConfigMap>()
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("create the fenced ConfigMap");
+    }
+    create_lease(ns, FENCE_ONLY, 3).await;
+}
+
+/// The run's PostgreSQL table, one row per lease, and its log of accepted writes (a trigger
+/// writes it in commit order).
+async fn create_postgres_table(ns: &TestNamespace, postgres_url: &str) {
+    let pg = postgres(postgres_url).await;
+    let table = pg_table(&ns.name);
+    pg.batch_execute(&format!(
+        "CREATE TABLE {table} (lease TEXT PRIMARY KEY, last_write TEXT, fence_token BIGINT NOT NULL DEFAULT 0);
+         CREATE TABLE {table}_log (id BIGSERIAL PRIMARY KEY, lease TEXT NOT NULL, token BIGINT NOT NULL, write TEXT);
+         CREATE FUNCTION {table}_log() RETURNS trigger AS $$
+           BEGIN INSERT INTO {table}_log (lease, token, write) VALUES (NEW.lease, NEW.fence_token, NEW.last_write); RETURN NEW; END
+         $$ LANGUAGE plpgsql;
+         CREATE TRIGGER {table}_log AFTER UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {table}_log();"
+    ))
+    .await
+    .expect("create the PostgreSQL table");
+    for (lease, _) in LEASES {
+        pg.execute(
+            &format!("INSERT INTO {table} (lease) VALUES ($1)"),
+            &[&lease],
+        )
+        .await
+        .expect("insert row");
+    }
+}
+
+/// The holder slots of `lease`: the followed lease's client-go leaders, or the library,
+/// `kubectl fence run`, Go and Go-lock holders.
+fn slot_kinds(lease: &str) -> Vec<Kind> {
+    if lease == FOLLOWING {
+        vec![Kind::Follow; FOLLOW_HOLDERS]
+    } else {
+        (0..LIBRARY_HOLDERS)
+            .map(|_| Kind::Library)
+            .chain((0..CLI_HOLDERS).map(|_| Kind::Cli))
+            .chain((0..GO_HOLDERS).map(|_| Kind::Go))
+            .chain((0..GO_LOCK_HOLDERS).map(|_| Kind::GoLock))
+            .collect()
+    }
+}
+
 impl Cluster {
     pub async fn start(run_dir: &Path, seed: u64) -> Cluster {
         let cp = control_plane();
@@ -195,52 +332,8 @@ impl Cluster {
         let pods = Pods::setup(&ns, &run_dir.join("kubeconfigs")).await;
         // Before lease d exists, so that setting up asks nothing of its fence.
         let collateral = Collateral::setup(&ns, &pods).await;
-        for (lease, duration) in LEASES {
-            create_lease(&ns, lease, duration).await;
-            let workloads = workload::api(ns.client.clone(), &ns.name, lease);
-            for name in [workload::object_name(lease), workload::scratch_name(lease)] {
-                let object: DynamicObject =
-                    serde_json::from_value(workload::manifest(lease, &name)).expect("a workload");
-                workloads
-                    .create(&PostParams::default(), &object)
-                    .await
-                    .expect("create a fenced workload");
-            }
-            let cm = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(config_map_name(lease)),
-                    labels: Some(BTreeMap::from([(LEASE_LABEL.into(), lease.into())])),
-                    annotations: Some(BTreeMap::from([(TOKEN_ANNOTATION.into(), "0".into())])),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            ns.api::<ConfigMap>()
-                .create(&PostParams::default(), &cm)
-                .await
-                .expect("create the fenced ConfigMap");
-        }
-        create_lease(&ns, FENCE_ONLY, 3).await;
-        let pg = postgres(&stores.postgres).await;
-        let table = pg_table(&ns.name);
-        pg.batch_execute(&format!(
-            "CREATE TABLE {table} (lease TEXT PRIMARY KEY, last_write TEXT, fence_token BIGINT NOT NULL DEFAULT 0);
-             CREATE TABLE {table}_log (id BIGSERIAL PRIMARY KEY, lease TEXT NOT NULL, token BIGINT NOT NULL, write TEXT);
-             CREATE FUNCTION {table}_log() RETURNS trigger AS $$
-               BEGIN INSERT INTO {table}_log (lease, token, write) VALUES (NEW.lease, NEW.fence_token, NEW.last_write); RETURN NEW; END
-             $$ LANGUAGE plpgsql;
-             CREATE TRIGGER {table}_log AFTER UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {table}_log();"
-        ))
-        .await
-        .expect("create the PostgreSQL table");
-        for (lease, _) in LEASES {
-            pg.execute(
-                &format!("INSERT INTO {table} (lease) VALUES ($1)"),
-                &[&lease],
-            )
-            .await
-            .expect("insert row");
-        }
+        create_leases_and_fenced_objects(&ns).await;
+        create_postgres_table(&ns, &stores.postgres).await;
 
         let operator = pin_binary(common::bin("fenced-lease-operator"), run_dir);
         let kubectl_fence = pin_binary(common::bin("kubectl-fence"), run_dir);
@@ -275,36 +368,38 @@ impl Cluster {
             cluster.stopping.clone(),
         );
         cluster.tasks.push(writer);
+        cluster.start_replicas().await;
+        cluster.start_slots().await;
+        cluster
+    }
+
+    /// The two operator replicas, each through a proxy of its own, supervised.
+    async fn start_replicas(&mut self) {
         for i in 0..2 {
             let name = format!("op-{i}");
-            let proxy = Proxy::start(&cluster.ns).await;
+            let proxy = Proxy::start(&self.ns).await;
             let replica = Arc::new(Replica {
-                kubeconfig: proxy.kubeconfig(&cluster.ns, &name),
+                kubeconfig: proxy.kubeconfig(&self.ns, &name),
                 name,
-                binary: cluster.operator.clone(),
+                binary: self.operator.clone(),
                 proxy,
-                log: run_dir.join(format!("op-{i}.log")),
-                namespace: cluster.ns.name.clone(),
+                log: self.run_dir.join(format!("op-{i}.log")),
+                namespace: self.ns.name.clone(),
                 pid: AtomicU32::new(0),
                 held_down: AtomicBool::new(false),
                 restarts: AtomicU32::new(0),
             });
-            cluster.supervise_replica(replica.clone());
-            cluster.replicas.push(replica);
+            self.supervise_replica(replica.clone());
+            self.replicas.push(replica);
         }
+    }
+
+    /// Every lease's holder slots, supervised; all but `kubectl fence run`'s through a proxy
+    /// of their own.
+    async fn start_slots(&mut self) {
         for (lease, _) in LEASES {
-            let slots: Vec<Kind> = if lease == FOLLOWING {
-                vec![Kind::Follow; FOLLOW_HOLDERS]
-            } else {
-                (0..LIBRARY_HOLDERS)
-                    .map(|_| Kind::Library)
-                    .chain((0..CLI_HOLDERS).map(|_| Kind::Cli))
-                    .chain((0..GO_HOLDERS).map(|_| Kind::Go))
-                    .chain((0..GO_LOCK_HOLDERS).map(|_| Kind::GoLock))
-                    .collect()
-            };
-            for kind in slots {
-                let n = cluster.slots.len();
+            for kind in slot_kinds(lease) {
+                let n = self.slots.len();
                 let name = match kind {
                     Kind::Library => format!("holder-{n}"),
                     Kind::Cli => format!("cli-{n}"),
@@ -314,7 +409,7 @@ impl Cluster {
                 };
                 let proxy = match kind {
                     Kind::Library | Kind::Go | Kind::GoLock | Kind::Follow => {
-                        Some(Proxy::start(&cluster.ns).await)
+                        Some(Proxy::start(&self.ns).await)
                     }
                     Kind::Cli => None,
                 };
@@ -325,11 +420,10 @@ impl Cluster {
                     current: std::sync::Mutex::new(None),
                     proxy,
                 });
-                cluster.supervise_slot(slot.clone());
-                cluster.slots.push(slot);
+                self.supervise_slot(slot.clone());
+                self.slots.push(slot);
             }
         }
-        cluster
     }
 
     pub fn term_of(lease: &str) -> u64 {
@@ -380,8 +474,12 @@ impl Cluster {
 
     fn supervise_slot(&mut self, slot: Arc<Slot>) {
         let (rec, stopping) = (self.runner.clone(), self.stopping.clone());
-        let (kubectl_fence, pods) = (self.kubectl_fence.clone(), self.pods.clone());
-        let go_holder = self.go_holder.clone();
+        let pods = self.pods.clone();
+        let programs = Programs {
+            exe: std::env::current_exe().expect("this test binary"),
+            kubectl_fence: self.kubectl_fence.clone(),
+            go_holder: self.go_holder.clone(),
+        };
         let base = Settings {
             process: String::new(),
             namespace: self.ns.name.clone(),
@@ -396,7 +494,6 @@ impl Cluster {
             pod: None,
         };
         self.tasks.push(tokio::spawn(async move {
-            let exe = std::env::current_exe().expect("this test binary");
             for n in 0.. {
                 if stopping.load(Ordering::SeqCst) {
                     return;
@@ -417,52 +514,7 @@ impl Cluster {
                     pod: Some((pod.name.clone(), pod.uid.clone())),
                     ..base.clone()
                 };
-                let mut cmd = match slot.kind {
-                    Kind::Library => {
-                        let mut cmd = tokio::process::Command::new(&exe);
-                        cmd.env("JEPSEN_ROLE", "holder");
-                        cmd
-                    }
-                    Kind::Go => tokio::process::Command::new(&go_holder),
-                    Kind::GoLock => {
-                        let mut cmd = tokio::process::Command::new(&go_holder);
-                        cmd.arg("-mode=lock");
-                        cmd
-                    }
-                    Kind::Follow => {
-                        let mut cmd = tokio::process::Command::new(&go_holder);
-                        cmd.args(["-mode=follow", &format!("-follow={FOLLOWED}")]);
-                        cmd
-                    }
-                    Kind::Cli => {
-                        let mut cmd = tokio::process::Command::new(&kubectl_fence);
-                        cmd.args([
-                            "run",
-                            &slot.lease,
-                            "-n",
-                            &settings.namespace,
-                            "--wait",
-                            "60s",
-                        ])
-                        .args(["--identity", &process, "--grace", "1s", "--"])
-                        .arg(&exe)
-                        .env("JEPSEN_ROLE", "writer");
-                        cmd
-                    }
-                };
-                let log = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(settings.run_dir.join(format!("{}.log", slot.name)))
-                    .expect("holder log");
-                cmd.envs(settings.to_env())
-                    .env("RUST_LOG", "warn")
-                    .env("NO_COLOR", "1")
-                    .stdin(std::process::Stdio::null())
-                    .stdout(log.try_clone().expect("log"))
-                    .stderr(log)
-                    .kill_on_drop(true);
-                let mut child = cmd.spawn().expect("start a holder");
+                let mut child = programs.spawn(&slot, &settings);
                 let pid = child.id().unwrap_or(0);
                 *slot.current.lock().unwrap() = Some((process.clone(), pid));
                 rec.record(Event::Spawned {

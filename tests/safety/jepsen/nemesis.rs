@@ -681,26 +681,7 @@ impl Nemesis<'_> {
             Some(lease.to_string()),
         );
         let api = self.cluster.ns.api::<FencedLease>();
-        let fence = fence_of(lease);
-        let resources = fence["resources"].clone();
-        let invalid = [
-            (
-                "selector operator \"in\" (for In)",
-                json!({"resources": resources, "selector": {"matchExpressions": [{"key": "app", "operator": "in", "values": ["x"]}]}}),
-            ),
-            (
-                "selector value \"not a label value\"",
-                json!({"resources": resources, "selector": {"matchLabels": {"app": "not a label value"}}}),
-            ),
-            (
-                "kind coordination.k8s.io/leases",
-                json!({"resources": [{"group": "coordination.k8s.io", "resource": "leases"}]}),
-            ),
-            (
-                "kind events (core)",
-                json!({"resources": [{"group": "", "resource": "events"}]}),
-            ),
-        ];
+        let invalid = invalid_fences(&fence_of(lease)["resources"]);
         let mut refused = 0;
         for (edit, value) in &invalid {
             let (accepted, answer) = replace_fence(&api, lease, &["fence"], value).await;
@@ -714,11 +695,30 @@ impl Nemesis<'_> {
                 in_force: None,
             });
         }
+        let (accepted, in_force) = self.largest_selector_on_d(&api).await;
+        // The collateral writer writes meanwhile, under the big selector's condition.
+        tokio::time::sleep(self.secs(2.0, 3.0)).await;
 
-        // Valid: the largest selector the schema admits, on lease d.
+        let mut healed = vec![];
+        for name in [lease, FENCE_ONLY] {
+            healed.push(put_fence_back(&api, name).await);
+        }
+        let back = self.fence_in_place(FENCE_ONLY).await;
+        self.end(
+            kind,
+            format!(
+                "{refused} of {} invalid edits of lease {lease} refused; the largest selector on {FENCE_ONLY}: accepted {accepted}, its kind listed in a kinds slot: {in_force:?}; {}; {FENCE_ONLY}'s kind listed after: {back}",
+                invalid.len(),
+                healed.join(", "),
+            ),
+        );
+    }
+
+    /// Valid: the largest selector the schema admits, on lease d; recorded. Whether it was
+    /// accepted, and then whether it is in force.
+    async fn largest_selector_on_d(&mut self, api: &Api<FencedLease>) -> (bool, Option<bool>) {
         let big = largest_selector();
-        let (accepted, answer) =
-            replace_fence(&api, FENCE_ONLY, &["fence", "selector"], &big).await;
+        let (accepted, answer) = replace_fence(api, FENCE_ONLY, &["fence", "selector"], &big).await;
         // The selector is read from the lease itself, by the apiserver: in force while a kinds
         // slot lists the namespace for the lease's kind.
         let in_force = if accepted {
@@ -734,36 +734,7 @@ impl Nemesis<'_> {
             answer: answer.chars().take(300).collect(),
             in_force,
         });
-        // The collateral writer writes meanwhile, under the big selector's condition.
-        tokio::time::sleep(self.secs(2.0, 3.0)).await;
-
-        let mut healed = vec![];
-        for name in [lease, FENCE_ONLY] {
-            let mut ok = false;
-            for _ in 0..20 {
-                if replace_fence(&api, name, &["fence"], &fence_of(name))
-                    .await
-                    .0
-                {
-                    ok = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            healed.push(format!(
-                "{name}: {}",
-                if ok { "put back" } else { "NOT put back" }
-            ));
-        }
-        let back = self.fence_in_place(FENCE_ONLY).await;
-        self.end(
-            kind,
-            format!(
-                "{refused} of {} invalid edits of lease {lease} refused; the largest selector on {FENCE_ONLY}: accepted {accepted}, its kind listed in a kinds slot: {in_force:?}; {}; {FENCE_ONLY}'s kind listed after: {back}",
-                invalid.len(),
-                healed.join(", "),
-            ),
-        );
+        (accepted, in_force)
     }
 
     /// Whether a kinds slot lists the run's namespace for lease `lease`'s kinds (waits up to
@@ -785,6 +756,44 @@ impl Nemesis<'_> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// The invalid values of a `spec.fence` whose kinds are `resources`, each with what is wrong.
+fn invalid_fences(resources: &serde_json::Value) -> [(&'static str, serde_json::Value); 4] {
+    [
+        (
+            "selector operator \"in\" (for In)",
+            json!({"resources": resources, "selector": {"matchExpressions": [{"key": "app", "operator": "in", "values": ["x"]}]}}),
+        ),
+        (
+            "selector value \"not a label value\"",
+            json!({"resources": resources, "selector": {"matchLabels": {"app": "not a label value"}}}),
+        ),
+        (
+            "kind coordination.k8s.io/leases",
+            json!({"resources": [{"group": "coordination.k8s.io", "resource": "leases"}]}),
+        ),
+        (
+            "kind events (core)",
+            json!({"resources": [{"group": "", "resource": "events"}]}),
+        ),
+    ]
+}
+
+/// Puts lease `name`'s own `spec.fence` back (tried 20 times, 500 ms apart): what came of it.
+async fn put_fence_back(api: &Api<FencedLease>, name: &str) -> String {
+    let mut ok = false;
+    for _ in 0..20 {
+        if replace_fence(api, name, &["fence"], &fence_of(name))
+            .await
+            .0
+        {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    format!("{name}: {}", if ok { "put back" } else { "NOT put back" })
 }
 
 /// Sets `spec.<path>` of lease `lease` to `value`, exactly (a read, then a replace on its

@@ -112,19 +112,9 @@ impl Options {
     }
 }
 
-/// Runs a profile (or re-checks a kept history); whether it passed.
-pub async fn main(options: Options) -> bool {
-    if let Some(dir) = &options.check {
-        return check(dir, &options);
-    }
-    let started = Instant::now();
-    let run_dir = std::env::temp_dir().join(format!(
-        "fenced-lease-jepsen-{}-{}",
-        options.seed,
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&run_dir).expect("run directory");
-    let replay = match options.profile {
+/// The command that replays a run of `options`.
+fn replay_command(options: &Options) -> String {
+    match options.profile {
         Profile::Short => format!(
             "cargo test --all-features --test jepsen -- --seed {}",
             options.seed
@@ -134,16 +124,11 @@ pub async fn main(options: Options) -> bool {
             options.seed,
             humantime::format_duration(options.duration)
         ),
-    };
-    eprintln!(
-        "jepsen: profile {:?}, seed {} (replay: {replay}); history in {}",
-        options.profile,
-        options.seed,
-        run_dir.display()
-    );
+    }
+}
 
-    let mut cluster = Cluster::start(&run_dir, options.seed).await;
-    // Warm-up: every lease granted once, with no fault yet.
+/// Warm-up: every lease granted once, with no fault yet, within 90 s.
+async fn warm_up(cluster: &Cluster, run_dir: &std::path::Path) {
     let mut grants = cluster.grants.subscribe();
     let mut granted = std::collections::BTreeSet::new();
     let warm = tokio::time::timeout(Duration::from_secs(90), async {
@@ -159,11 +144,16 @@ pub async fn main(options: Options) -> bool {
         "the leases were not all granted within 90 s of the start (granted: {granted:?}); logs in {}",
         run_dir.display()
     );
-    eprintln!(
-        "jepsen: {:>8.1}s  workload running; faults begin",
-        started.elapsed().as_secs_f64()
-    );
+}
 
+/// The faults: each kind once, in an order drawn from the seed, then (the long profile) kinds
+/// drawn at random until its duration is up; a pause to settle after each.
+async fn inflict_faults(
+    cluster: &Cluster,
+    options: &Options,
+    run_dir: &std::path::Path,
+    started: Instant,
+) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
     let mut schedule: Vec<FaultKind> = FaultKind::ALL.to_vec();
     schedule.shuffle(&mut rng);
@@ -172,7 +162,7 @@ pub async fn main(options: Options) -> bool {
         Profile::Long => (Pace { spread: 1.0 }, (1.0, 3.0)),
     };
     let mut nemesis = Nemesis {
-        cluster: &cluster,
+        cluster,
         rec: Recorder::create(&run_dir.join("nemesis.jsonl"), "nemesis"),
         rng: rand::rngs::StdRng::seed_from_u64(rng.random()),
         pace,
@@ -195,7 +185,35 @@ pub async fn main(options: Options) -> bool {
         let (min, extra) = settle;
         tokio::time::sleep(Duration::from_secs_f64(min + rng.random_range(0.0..=extra))).await;
     }
-    drop(nemesis);
+}
+
+/// Runs a profile (or re-checks a kept history); whether it passed.
+pub async fn main(options: Options) -> bool {
+    if let Some(dir) = &options.check {
+        return check(dir, &options);
+    }
+    let started = Instant::now();
+    let run_dir = std::env::temp_dir().join(format!(
+        "fenced-lease-jepsen-{}-{}",
+        options.seed,
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&run_dir).expect("run directory");
+    eprintln!(
+        "jepsen: profile {:?}, seed {} (replay: {}); history in {}",
+        options.profile,
+        options.seed,
+        replay_command(&options),
+        run_dir.display()
+    );
+
+    let mut cluster = Cluster::start(&run_dir, options.seed).await;
+    warm_up(&cluster, &run_dir).await;
+    eprintln!(
+        "jepsen: {:>8.1}s  workload running; faults begin",
+        started.elapsed().as_secs_f64()
+    );
+    inflict_faults(&cluster, &options, &run_dir, started).await;
     eprintln!(
         "jepsen: {:>8.1}s  faults over; stopping the holders",
         started.elapsed().as_secs_f64()

@@ -90,67 +90,102 @@ struct Write<'a> {
     answer: Option<(u64, bool, bool)>,
 }
 
-/// stale-writer, and the figures of [`Identity`].
-pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
-    let allowance = config.identity_allowance;
-    let mut pods: HashMap<&str, &str> = HashMap::new();
-    let mut signs: BTreeMap<&str, Vec<Sign<'_>>> = BTreeMap::new();
-    // Per lease: deletions (start, end), from the nemesis.
-    let mut deletions: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
-    let mut writes: Vec<Write<'_>> = vec![];
-    let mut by_id: HashMap<&str, usize> = HashMap::new();
-    let mut open: HashMap<FaultKind, (&str, u64)> = HashMap::new();
-    // Per (process, lease): the grants it learned of, (when, token).
-    let mut learned: HashMap<(&str, &str), Vec<(u64, i64)>> = HashMap::new();
-    for e in entries {
+impl<'a> Sign<'a> {
+    /// The sign a lease status (`Event::LeaseState`) gives.
+    fn of_state(e: &'a Entry) -> Option<(&'a str, Self)> {
+        let Event::LeaseState {
+            lease,
+            uid,
+            holder,
+            token,
+            pod,
+            rv,
+            follows,
+            ..
+        } = &e.ev
+        else {
+            return None;
+        };
+        let sign = Sign {
+            t: e.t,
+            token: *token,
+            held: holder.is_some(),
+            uid: Some(uid),
+            pod: pod.as_deref(),
+            follows: follows.is_some(),
+            what: format!(
+                "{} saw its status at resourceVersion {rv}: token {token}, {}",
+                e.p,
+                holder
+                    .as_deref()
+                    .map_or("no holder".into(), |h| format!("holder {h}")),
+            ),
+        };
+        Some((lease, sign))
+    }
+}
+
+/// What the history says about the writes pods made, and about their leases.
+#[derive(Default)]
+struct Gathered<'a> {
+    /// Each process's pod.
+    pods: HashMap<&'a str, &'a str>,
+    /// Per lease: the signs that it moved on, or showed who held it.
+    signs: BTreeMap<&'a str, Vec<Sign<'a>>>,
+    /// Per lease: deletions (start, end), from the nemesis.
+    deletions: BTreeMap<&'a str, Vec<(u64, u64)>>,
+    writes: Vec<Write<'a>>,
+    by_id: HashMap<&'a str, usize>,
+    /// The nemesis's deletions under way: their lease and start.
+    open: HashMap<FaultKind, (&'a str, u64)>,
+    /// Per (process, lease): the grants it learned of, (when, token).
+    learned: HashMap<(&'a str, &'a str), Vec<(u64, i64)>>,
+}
+
+impl<'a> Gathered<'a> {
+    fn gather(entries: &[&'a Entry], r: &mut Report) -> Self {
+        let mut g = Gathered::default();
+        for e in entries {
+            g.record(e, r);
+        }
+        // A deletion still going on at the end of the history lasts to its end.
+        for (lease, start) in std::mem::take(&mut g.open).into_values() {
+            g.deletions
+                .entry(lease)
+                .or_default()
+                .push((start, u64::MAX));
+        }
+        g
+    }
+
+    fn record(&mut self, e: &'a Entry, r: &mut Report) {
         match &e.ev {
             Event::Spawned {
                 process,
                 pod: Some(pod),
                 ..
             } => {
-                pods.insert(process, pod);
+                self.pods.insert(process, pod);
             }
-            Event::LeaseState {
-                lease,
-                uid,
-                holder,
-                token,
-                pod,
-                rv,
-                follows,
-                ..
-            } => {
+            Event::LeaseState { holder, pod, .. } => {
                 if holder.is_some() && pod.is_none() {
                     r.identity.holders_without_pod += 1;
                 }
-                signs.entry(lease).or_default().push(Sign {
-                    t: e.t,
-                    token: *token,
-                    held: holder.is_some(),
-                    uid: Some(uid),
-                    pod: pod.as_deref(),
-                    follows: follows.is_some(),
-                    what: format!(
-                        "{} saw its status at resourceVersion {rv}: token {token}, {}",
-                        e.p,
-                        holder
-                            .as_deref()
-                            .map_or("no holder".into(), |h| format!("holder {h}")),
-                    ),
-                });
+                if let Some((lease, sign)) = Sign::of_state(e) {
+                    self.signs.entry(lease).or_default().push(sign);
+                }
             }
             Event::Acquired { lease, token, .. } | Event::CmdStarted { lease, token, .. } => {
-                learned
+                self.learned
                     .entry((e.p.as_str(), lease.as_str()))
                     .or_default()
                     .push((e.t, *token));
-                signs.entry(lease).or_default().push(Sign {
+                self.signs.entry(lease).or_default().push(Sign {
                     t: e.t,
                     token: *token,
                     held: true,
                     uid: None,
-                    pod: pods.get(e.p.as_str()).copied(),
+                    pod: self.pods.get(e.p.as_str()).copied(),
                     follows: false,
                     what: format!("{} was granted token {token}", e.p),
                 });
@@ -160,131 +195,160 @@ pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
                 lease: Some(lease),
                 ..
             } if kind.deletes_lease() => {
-                open.insert(*kind, (lease, e.t));
+                self.open.insert(*kind, (lease, e.t));
             }
             Event::FaultEnd { kind, .. } => {
-                if let Some((lease, start)) = open.remove(kind) {
-                    deletions.entry(lease).or_default().push((start, e.t));
+                if let Some((lease, start)) = self.open.remove(kind) {
+                    self.deletions.entry(lease).or_default().push((start, e.t));
                 }
             }
-            Event::WriteAttempt {
-                id,
-                resource,
-                key,
-                lease,
-                token,
-                how,
-            } if resource.fenced_by_identity() => {
-                if let Some(pod) = pods.get(e.p.as_str()) {
-                    by_id.insert(id, writes.len());
-                    writes.push(Write {
-                        id,
-                        process: &e.p,
-                        pod,
-                        lease,
-                        key,
-                        how: how.as_deref(),
-                        token: *token,
-                        sent: e.t,
-                        answer: None,
-                    });
-                }
-            }
-            Event::WriteAccepted { id, .. } => {
-                if let Some(&i) = by_id.get(id.as_str()) {
-                    writes[i].answer = Some((e.t, true, false));
-                }
-            }
+            Event::WriteAttempt { .. } => self.write_attempt(e),
+            Event::WriteAccepted { id, .. } => self.answer(id, (e.t, true, false)),
             Event::WriteRefused { id, not_holder, .. } => {
-                if let Some(&i) = by_id.get(id.as_str()) {
-                    writes[i].answer = Some((e.t, false, not_holder.is_some()));
-                }
+                self.answer(id, (e.t, false, not_holder.is_some()));
             }
             _ => {}
         }
     }
-    // A deletion still going on at the end of the history lasts to its end.
-    for (lease, start) in open.into_values() {
-        deletions.entry(lease).or_default().push((start, u64::MAX));
-    }
 
-    for w in &writes {
-        let Some((at, accepted, by_identity)) = w.answer else {
-            continue;
+    /// A write attempt to what a lease fences by identity, made as a pod.
+    fn write_attempt(&mut self, e: &'a Entry) {
+        let Event::WriteAttempt {
+            id,
+            resource,
+            key,
+            lease,
+            token,
+            how,
+        } = &e.ev
+        else {
+            return;
         };
-        r.identity.answered += 1;
-        let follower = w.process.starts_with("follow-");
-        r.identity.follower_answered += usize::from(follower);
-        let lease_signs = signs.get(w.lease).map_or(&[][..], Vec::as_slice);
-        let lease_deletions = deletions.get(w.lease).map_or(&[][..], Vec::as_slice);
-        // Inside a deletion window: from its start to the allowance after the first grant
-        // that followed it.
-        let excused = lease_deletions.iter().any(|&(start, end)| {
-            let regranted = lease_signs
-                .iter()
-                .filter(|s| s.held && s.t > end)
-                .map(|s| s.t)
-                .min()
-                .unwrap_or(u64::MAX);
-            at >= start && w.sent < regranted.saturating_add(allowance)
-        });
-        if excused {
-            r.identity.excused += 1;
-            continue;
+        if !resource.fenced_by_identity() {
+            return;
         }
-        let moved_on = moved_on(lease_signs, lease_deletions, w.token);
-        let Some(sign) = moved_on.filter(|s| w.sent >= s.t) else {
-            if !accepted && by_identity {
-                r.identity.holder_refused += 1;
-            }
-            continue;
-        };
-        let late = w.sent - sign.t;
-        if !accepted {
-            r.identity.stale_refused += 1;
-            r.identity.follower_stale_refused += usize::from(follower);
-        } else if late < allowance {
-            r.identity.stale_accepted += 1;
-            r.identity.latest_accepted = r.identity.latest_accepted.max(Some(late));
-        } else if renamed(lease_signs, &learned, w, sign, at, allowance) {
-            r.identity.renamed += 1;
-        } else {
-            // The first grant of a lease created again: its fence binding comes after it.
-            let recreated = sign.held
-                && lease_deletions.iter().any(|&(_, end)| {
-                    end <= sign.t
-                        && !lease_signs
-                            .iter()
-                            .any(|s| s.held && s.t > end && s.t < sign.t)
-                });
-            r.violations.push(Violation {
-                claims: vec![],
-                kind: Kind::StaleWriter,
-                at: w.sent,
-                message: format!(
-                    "lease {}: {}{} accepted write {} of {} (pod UID {}; it held token {}), sent at {} and answered at {}, {} after the lease had moved on ({} at {}{}): the apiserver must refuse a pod that does not hold the lease (I11; its cache may lag by {} at most)",
-                    w.lease,
-                    w.key,
-                    w.how.map(|h| format!(" ({h})")).unwrap_or_default(),
-                    w.id,
-                    w.process,
-                    w.pod,
-                    w.token,
-                    secs(r.start, w.sent),
-                    secs(r.start, at),
-                    millis(i64::try_from(late).unwrap_or(i64::MAX)),
-                    sign.what,
-                    secs(r.start, sign.t),
-                    if recreated {
-                        ", the first grant since the lease was deleted and created again"
-                    } else {
-                        ""
-                    },
-                    millis(i64::try_from(allowance).unwrap_or(i64::MAX)),
-                ),
+        if let Some(pod) = self.pods.get(e.p.as_str()) {
+            self.by_id.insert(id, self.writes.len());
+            self.writes.push(Write {
+                id,
+                process: &e.p,
+                pod,
+                lease,
+                key,
+                how: how.as_deref(),
+                token: *token,
+                sent: e.t,
+                answer: None,
             });
         }
     }
+
+    fn answer(&mut self, id: &str, answer: (u64, bool, bool)) {
+        if let Some(&i) = self.by_id.get(id) {
+            self.writes[i].answer = Some(answer);
+        }
+    }
+}
+
+/// stale-writer, and the figures of [`Identity`].
+pub fn check(entries: &[&Entry], config: &Config, r: &mut Report) {
+    let g = Gathered::gather(entries, r);
+    for w in &g.writes {
+        judge(w, &g, config.identity_allowance, r);
+    }
+}
+
+/// Judges one write made as a pod: counts it in [`Identity`], or reports it.
+fn judge(w: &Write<'_>, g: &Gathered<'_>, allowance: u64, r: &mut Report) {
+    let Some((at, accepted, by_identity)) = w.answer else {
+        return;
+    };
+    r.identity.answered += 1;
+    let follower = w.process.starts_with("follow-");
+    r.identity.follower_answered += usize::from(follower);
+    let lease_signs = g.signs.get(w.lease).map_or(&[][..], Vec::as_slice);
+    let lease_deletions = g.deletions.get(w.lease).map_or(&[][..], Vec::as_slice);
+    // Inside a deletion window: from its start to the allowance after the first grant
+    // that followed it.
+    let excused = lease_deletions.iter().any(|&(start, end)| {
+        let regranted = lease_signs
+            .iter()
+            .filter(|s| s.held && s.t > end)
+            .map(|s| s.t)
+            .min()
+            .unwrap_or(u64::MAX);
+        at >= start && w.sent < regranted.saturating_add(allowance)
+    });
+    if excused {
+        r.identity.excused += 1;
+        return;
+    }
+    let moved_on = moved_on(lease_signs, lease_deletions, w.token);
+    let Some(sign) = moved_on.filter(|s| w.sent >= s.t) else {
+        if !accepted && by_identity {
+            r.identity.holder_refused += 1;
+        }
+        return;
+    };
+    let late = w.sent - sign.t;
+    if !accepted {
+        r.identity.stale_refused += 1;
+        r.identity.follower_stale_refused += usize::from(follower);
+    } else if late < allowance {
+        r.identity.stale_accepted += 1;
+        r.identity.latest_accepted = r.identity.latest_accepted.max(Some(late));
+    } else if renamed(lease_signs, &g.learned, w, sign, at, allowance) {
+        r.identity.renamed += 1;
+    } else {
+        // The first grant of a lease created again: its fence binding comes after it.
+        let recreated = sign.held
+            && lease_deletions.iter().any(|&(_, end)| {
+                end <= sign.t
+                    && !lease_signs
+                        .iter()
+                        .any(|s| s.held && s.t > end && s.t < sign.t)
+            });
+        let message = stale_writer(w, sign, at, recreated, allowance, r.start);
+        r.violations.push(Violation {
+            claims: vec![],
+            kind: Kind::StaleWriter,
+            at: w.sent,
+            message,
+        });
+    }
+}
+
+/// The message of a stale-writer violation: write `w`, answered at `at`, sent after `sign`.
+fn stale_writer(
+    w: &Write<'_>,
+    sign: &Sign<'_>,
+    at: u64,
+    recreated: bool,
+    allowance: u64,
+    start: u64,
+) -> String {
+    let late = w.sent - sign.t;
+    format!(
+        "lease {}: {}{} accepted write {} of {} (pod UID {}; it held token {}), sent at {} and answered at {}, {} after the lease had moved on ({} at {}{}): the apiserver must refuse a pod that does not hold the lease (I11; its cache may lag by {} at most)",
+        w.lease,
+        w.key,
+        w.how.map(|h| format!(" ({h})")).unwrap_or_default(),
+        w.id,
+        w.process,
+        w.pod,
+        w.token,
+        secs(start, w.sent),
+        secs(start, at),
+        millis(i64::try_from(late).unwrap_or(i64::MAX)),
+        sign.what,
+        secs(start, sign.t),
+        if recreated {
+            ", the first grant since the lease was deleted and created again"
+        } else {
+            ""
+        },
+        millis(i64::try_from(allowance).unwrap_or(i64::MAX)),
+    )
 }
 
 /// Was `w` (answered at `at`) a followed Lease's leader's write, sent before its process

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fenced_lease::api::{FencedLease, LeaseHolder};
-use fenced_lease::holder::{AcquireOptions, LeaseHandle, LostReason, acquire};
+use fenced_lease::holder::{AcquireOptions, LeaseGuard, LeaseHandle, LostReason, acquire};
 use kube::api::Api;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
 
 use crate::history::{Event, Recorder, Resource, now};
 use crate::writes::{ROUNDS, Resources};
@@ -146,14 +147,9 @@ fn rng(settings: &Settings) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
-/// The library holder: acquire, write while holding, let go; until the run stops.
-async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
-    let client = client(&settings).await;
-    let resources = Resources::new(&settings, client.clone());
-    let mut rng = rng(&settings);
-    let lease = settings.lease.clone();
-    let term = Duration::from_secs(settings.term);
-    let stop = tokio_util::sync::CancellationToken::new();
+/// A token cancelled once the run's stop file appears.
+fn stop_when_told(settings: &Settings) -> CancellationToken {
+    let stop = CancellationToken::new();
     tokio::spawn({
         let (stop, settings) = (stop.clone(), settings.clone());
         async move {
@@ -163,117 +159,55 @@ async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
             stop.cancel();
         }
     });
-    while !stop.is_cancelled() {
-        rec.record(Event::Waiting {
-            lease: lease.clone(),
+    stop
+}
+
+/// What a library holder works with, from one lease to the next.
+struct Holder {
+    settings: Settings,
+    rec: Arc<Recorder>,
+    client: kube::Client,
+    resources: Resources,
+    rng: StdRng,
+    lease: String,
+    term: Duration,
+    stop: CancellationToken,
+}
+
+/// The library holder: acquire, write while holding, let go; until the run stops.
+async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
+    let client = client(&settings).await;
+    let mut h = Holder {
+        resources: Resources::new(&settings, client.clone()),
+        rng: rng(&settings),
+        lease: settings.lease.clone(),
+        term: Duration::from_secs(settings.term),
+        stop: stop_when_told(&settings),
+        client,
+        rec,
+        settings,
+    };
+    while !h.stop.is_cancelled() {
+        h.rec.record(Event::Waiting {
+            lease: h.lease.clone(),
         });
-        let options = AcquireOptions::default()
-            .identity(&settings.process)
-            .wait(Duration::from_secs(60))
-            .cancel(stop.clone());
-        let guard = match acquire(client.clone(), &settings.namespace, &lease, options).await {
-            Ok(guard) => guard,
-            Err(e) => {
-                rec.record(Event::AcquireFailed {
-                    lease: lease.clone(),
-                    error: e.to_string(),
-                });
-                tokio::time::sleep(Duration::from_millis(rng.random_range(200..1000))).await;
-                continue;
-            }
+        let Some(guard) = h.try_acquire().await else {
+            continue;
         };
         let claim = guard.claim().to_string();
-        rec.record(Event::Acquired {
-            lease: lease.clone(),
+        h.rec.record(Event::Acquired {
+            lease: h.lease.clone(),
             claim: claim.clone(),
             token: guard.granted_token().unwrap_or_default(),
         });
-        let watcher = tokio::spawn(record_loss(rec.clone(), guard.handle()));
-        let prober = Prober::start(rec.clone(), guard.handle());
-
-        let hold = term.mul_f64(rng.random_range(0.3..2.0));
-        let until = tokio::time::Instant::now() + hold;
-        let mut turn = rng.random_range(0..ROUNDS.len());
-        let mut lost = false;
-        while tokio::time::Instant::now() < until && !stop.is_cancelled() {
-            let Some(token) = ask(&rec, &guard) else {
-                lost = true;
-                break;
-            };
-            turn = (turn + 1) % ROUNDS.len();
-            if resources.write(&rec, ROUNDS[turn], &lease, token).await {
-                break; // fenced out: a newer holder exists; stop writing
-            }
-            tokio::time::sleep(Duration::from_millis(rng.random_range(5..60))).await;
-        }
-        prober.stop().await;
-        watcher.abort();
-        let how = match rng.random_range(0..8) {
+        let lost = h.write_while_holding(&guard).await;
+        let how = match h.rng.random_range(0..8) {
             0 => {
                 let _ = guard.detach(); // the claim is left to expire
                 "detached"
             }
             1 | 2 => {
-                // A zombie: it stops renewing and no longer believes it holds (it asks no
-                // more), yet writes its old token once the lease has moved on, as an
-                // application that ignores `token()` would; only the fences stop it.
-                let token = guard.granted_token().unwrap_or_default();
-                let _ = guard.detach();
-                rec.record(Event::Released {
-                    lease: lease.clone(),
-                    claim: claim.clone(),
-                    how: "detached".into(),
-                });
-                // Until the lease has moved on (or long enough), read from the store (not a
-                // cache) and recorded. Writes right after that read probe how long the
-                // apiserver's cache of the lease still lets this pod write (I11): until the
-                // first refusal.
-                let leases: Api<FencedLease> = Api::namespaced(client.clone(), &settings.namespace);
-                let give_up = tokio::time::Instant::now() + term * 3;
-                let mut moved_on = None;
-                while moved_on.is_none() && tokio::time::Instant::now() < give_up {
-                    if let Ok(Some(read)) = leases.get_opt(&lease).await
-                        && read
-                            .status
-                            .as_ref()
-                            .is_some_and(|s| s.fencing_token > token)
-                    {
-                        rec.record(lease_state(&read));
-                        moved_on = Some(tokio::time::Instant::now());
-                    } else {
-                        tokio::time::sleep(ZOMBIE_POLL).await;
-                    }
-                }
-                if let Some(read) = moved_on {
-                    while read.elapsed() < ZOMBIE_PROBE {
-                        resources.next_workload_write_by(false);
-                        if resources
-                            .write(&rec, Resource::Workload, &lease, token)
-                            .await
-                        {
-                            break;
-                        }
-                    }
-                }
-                // Then, once its new holder had time to write, everything; and the workload
-                // again (`kubectl`, then the client) a second or two late, as a process that
-                // woke from a pause would.
-                tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
-                for resource in Resource::ALL {
-                    resources.write(&rec, resource, &lease, token).await;
-                }
-                let late = Duration::from_millis(rng.random_range(1_000..2_000));
-                if let Some(wait) = moved_on.and_then(|read| {
-                    (read + late).checked_duration_since(tokio::time::Instant::now())
-                }) {
-                    tokio::time::sleep(wait).await;
-                }
-                for kubectl in [true, false] {
-                    resources.next_workload_write_by(kubectl);
-                    resources
-                        .write(&rec, Resource::Workload, &lease, token)
-                        .await;
-                }
+                h.zombie(guard, &claim).await;
                 continue;
             }
             3 => {
@@ -287,14 +221,147 @@ async fn holder(settings: Settings, rec: Arc<Recorder>) -> u8 {
         };
         // Letting go of a lease already lost hands nothing over.
         let how = if lost { "after-loss" } else { how };
-        rec.record(Event::Released {
-            lease: lease.clone(),
+        h.rec.record(Event::Released {
+            lease: h.lease.clone(),
             claim,
             how: how.into(),
         });
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        tokio::time::sleep(Duration::from_millis(h.rng.random_range(0..400))).await;
     }
     0
+}
+
+impl Holder {
+    /// One acquire, until granted or the run stops; a failure recorded, then a pause.
+    async fn try_acquire(&mut self) -> Option<LeaseGuard> {
+        let options = AcquireOptions::default()
+            .identity(&self.settings.process)
+            .wait(Duration::from_secs(60))
+            .cancel(self.stop.clone());
+        match acquire(
+            self.client.clone(),
+            &self.settings.namespace,
+            &self.lease,
+            options,
+        )
+        .await
+        {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                self.rec.record(Event::AcquireFailed {
+                    lease: self.lease.clone(),
+                    error: e.to_string(),
+                });
+                let pause = self.rng.random_range(200..1000);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                None
+            }
+        }
+    }
+
+    /// Writes while it holds, for a fraction to a few terms, asking `token()` before every
+    /// write (and the prober every few milliseconds besides), until a fence refuses it or the
+    /// run stops. Whether it found the lease lost.
+    async fn write_while_holding(&mut self, guard: &LeaseGuard) -> bool {
+        let watcher = tokio::spawn(record_loss(self.rec.clone(), guard.handle()));
+        let prober = Prober::start(self.rec.clone(), guard.handle());
+        let hold = self.term.mul_f64(self.rng.random_range(0.3..2.0));
+        let until = tokio::time::Instant::now() + hold;
+        let mut turn = self.rng.random_range(0..ROUNDS.len());
+        let mut lost = false;
+        while tokio::time::Instant::now() < until && !self.stop.is_cancelled() {
+            let Some(token) = ask(&self.rec, guard) else {
+                lost = true;
+                break;
+            };
+            turn = (turn + 1) % ROUNDS.len();
+            if self
+                .resources
+                .write(&self.rec, ROUNDS[turn], &self.lease, token)
+                .await
+            {
+                break; // fenced out: a newer holder exists; stop writing
+            }
+            let pause = self.rng.random_range(5..60);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+        prober.stop().await;
+        watcher.abort();
+        lost
+    }
+
+    /// A zombie: it stops renewing and no longer believes it holds (it asks no more), yet
+    /// writes its old token once the lease has moved on, as an application that ignores
+    /// `token()` would; only the fences stop it.
+    async fn zombie(&mut self, guard: LeaseGuard, claim: &str) {
+        let token = guard.granted_token().unwrap_or_default();
+        let _ = guard.detach();
+        self.rec.record(Event::Released {
+            lease: self.lease.clone(),
+            claim: claim.to_string(),
+            how: "detached".into(),
+        });
+        let moved_on = self.wait_moved_on(token).await;
+        // Writes right after that read probe how long the apiserver's cache of the lease still
+        // lets this pod write (I11): until the first refusal.
+        if let Some(read) = moved_on {
+            while read.elapsed() < ZOMBIE_PROBE {
+                self.resources.next_workload_write_by(false);
+                if self
+                    .resources
+                    .write(&self.rec, Resource::Workload, &self.lease, token)
+                    .await
+                {
+                    break;
+                }
+            }
+        }
+        // Then, once its new holder had time to write, everything; and the workload
+        // again (`kubectl`, then the client) a second or two late, as a process that
+        // woke from a pause would.
+        let pause = self.rng.random_range(100..600);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        for resource in Resource::ALL {
+            self.resources
+                .write(&self.rec, resource, &self.lease, token)
+                .await;
+        }
+        let late = Duration::from_millis(self.rng.random_range(1_000..2_000));
+        if let Some(wait) = moved_on
+            .and_then(|read| (read + late).checked_duration_since(tokio::time::Instant::now()))
+        {
+            tokio::time::sleep(wait).await;
+        }
+        for kubectl in [true, false] {
+            self.resources.next_workload_write_by(kubectl);
+            self.resources
+                .write(&self.rec, Resource::Workload, &self.lease, token)
+                .await;
+        }
+    }
+
+    /// Until the lease has moved on past `token` (or long enough), reads it from the store (not
+    /// a cache); the read that shows it moved on is recorded. When that read came.
+    async fn wait_moved_on(&self, token: i64) -> Option<tokio::time::Instant> {
+        let leases: Api<FencedLease> =
+            Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let give_up = tokio::time::Instant::now() + self.term * 3;
+        let mut moved_on = None;
+        while moved_on.is_none() && tokio::time::Instant::now() < give_up {
+            if let Ok(Some(read)) = leases.get_opt(&self.lease).await
+                && read
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.fencing_token > token)
+            {
+                self.rec.record(lease_state(&read));
+                moved_on = Some(tokio::time::Instant::now());
+            } else {
+                tokio::time::sleep(ZOMBIE_POLL).await;
+            }
+        }
+        moved_on
+    }
 }
 
 /// One `token()` call, recorded with its call and return instants.
