@@ -534,6 +534,20 @@ impl TestNamespace {
     }
 }
 
+/// The claims `api` lists whose holder identity is `identity`.
+pub async fn claims_of(
+    api: &Api<fenced_lease::api::FencedLeaseClaim>,
+    identity: &str,
+) -> Vec<fenced_lease::api::FencedLeaseClaim> {
+    api.list(&kube::api::ListParams::default())
+        .await
+        .expect("list claims")
+        .items
+        .into_iter()
+        .filter(|c| c.spec.holder_identity == identity)
+        .collect()
+}
+
 impl TestNamespace {
     /// Deletes FencedLease `name` and waits until it is gone (its finalizer has run).
     pub async fn delete_lease(&self, name: &str) {

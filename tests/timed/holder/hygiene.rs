@@ -10,25 +10,15 @@ use std::time::{Duration, Instant};
 
 use common::operator::OperatorProcess;
 use common::proxy::Proxy;
-use common::{TestNamespace, next_renew, wait_for};
+use common::{TestNamespace, claims_of, next_renew, wait_for};
 use fenced_lease::api::FencedLeaseClaim;
 use fenced_lease::holder::{AcquireOptions, Error, LostReason, acquire};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn options(identity: &str) -> AcquireOptions {
     AcquireOptions::default().identity(identity).wait(WAIT)
-}
-
-async fn claims_of(api: &Api<FencedLeaseClaim>, identity: &str) -> Vec<FencedLeaseClaim> {
-    api.list(&ListParams::default())
-        .await
-        .expect("list claims")
-        .items
-        .into_iter()
-        .filter(|c| c.spec.holder_identity == identity)
-        .collect()
 }
 
 /// `release()` in a `select!` or under a timeout that fires first still deletes the claim:

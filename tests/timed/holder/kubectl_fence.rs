@@ -153,6 +153,16 @@ async fn a_stopped_holder_is_replaced_and_its_command_stopped_when_it_resumes() 
     assert!(stderr.contains("lost db"), "{stderr}");
 }
 
+/// The claim `acquire`'s hint (on `stderr`) says to release: `kubectl fence release db CLAIM`.
+fn release_hint(stderr: &str) -> String {
+    stderr
+        .split("`kubectl fence release db ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no release hint: {stderr}"))
+        .to_string()
+}
+
 #[tokio::test]
 async fn acquire_prints_the_token_and_release_frees_the_lease() {
     let ns = TestNamespace::new("fence-acquire").await;
@@ -172,14 +182,8 @@ async fn acquire_prints_the_token_and_release_frees_the_lease() {
         .trim()
         .parse()
         .expect("acquire prints the token");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     // It says how to release exactly this claim.
-    let claim = stderr
-        .split("`kubectl fence release db ")
-        .nth(1)
-        .and_then(|rest| rest.split('`').next())
-        .unwrap_or_else(|| panic!("no release hint: {stderr}"))
-        .to_string();
+    let claim = release_hint(&String::from_utf8_lossy(&out.stderr));
 
     let out = fence(&ns).args(["status", "db"]).output().expect("status");
     let text = stdout(&out);

@@ -288,22 +288,7 @@ async fn on_a_terminal_cmd_gets_it_and_ctrl_z_and_ctrl_c_work() {
     let mut terminal = script.stdin.take().expect("stdin");
     let fence_pid = pid_from(&fence_pidfile).await;
     // The prompt is on the terminal: answer it.
-    let stdout = script.stdout.take().expect("stdout");
-    let (prompt_tx, prompt_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut stdout = stdout;
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 256];
-        while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
-            if n == 0 {
-                break;
-            }
-            seen.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&seen).contains("continue?") {
-                let _ = prompt_tx.send(());
-            }
-        }
-    });
+    let prompt_rx = prompted(script.stdout.take().expect("stdout"));
     tokio::task::spawn_blocking(move || prompt_rx.recv_timeout(WAIT))
         .await
         .expect("join")
@@ -332,6 +317,26 @@ async fn on_a_terminal_cmd_gets_it_and_ctrl_z_and_ctrl_c_work() {
     terminal.write_all(b"\x03").expect("type Ctrl-C");
     let status = wait_exit(&mut script, WAIT).await;
     assert_eq!(status.code(), Some(130), "Ctrl-C ended CMD: 128 + 2");
+}
+
+/// Reads the terminal's output (script(1)'s stdout) to its end; says so each time it has
+/// shown the prompt `continue?`.
+fn prompted(mut stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<()> {
+    let (prompt_tx, prompt_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&seen).contains("continue?") {
+                let _ = prompt_tx.send(());
+            }
+        }
+    });
+    prompt_rx
 }
 
 fn shell_quote(s: &str) -> String {

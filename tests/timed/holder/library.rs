@@ -10,25 +10,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::operator::OperatorProcess;
-use common::{TestNamespace, wait_for};
+use common::{TestNamespace, claims_of, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim};
 use fenced_lease::holder::{AcquireOptions, Error, LostReason, acquire};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn options(identity: &str) -> AcquireOptions {
     AcquireOptions::default().identity(identity).wait(WAIT)
-}
-
-async fn claims_of(api: &Api<FencedLeaseClaim>, identity: &str) -> Vec<FencedLeaseClaim> {
-    api.list(&ListParams::default())
-        .await
-        .expect("list claims")
-        .items
-        .into_iter()
-        .filter(|c| c.spec.holder_identity == identity)
-        .collect()
 }
 
 #[tokio::test]

@@ -17,26 +17,16 @@ use std::time::{Duration, Instant};
 
 use common::operator::OperatorProcess;
 use common::proxy::Proxy;
-use common::{TestNamespace, next_renew, wait_for};
+use common::{TestNamespace, claims_of, next_renew, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLeaseClaim};
 use fenced_lease::holder::{AcquireOptions, acquire};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 const WAIT: Duration = Duration::from_secs(60);
 
 fn options(identity: &str) -> AcquireOptions {
     AcquireOptions::default().identity(identity)
-}
-
-async fn claims_of(api: &Api<FencedLeaseClaim>, identity: &str) -> Vec<FencedLeaseClaim> {
-    api.list(&ListParams::default())
-        .await
-        .expect("list claims")
-        .items
-        .into_iter()
-        .filter(|c| c.spec.holder_identity == identity)
-        .collect()
 }
 
 /// A waiter (a CronJob, say) that starts while the API is unreachable waits for it instead of

@@ -25,6 +25,31 @@ async fn create(ns: &TestNamespace, lease: &str, claim: &str) {
     ns.create_claim(claim, lease, None).await;
 }
 
+/// The lease still carries the user's own label `team` and annotation `owner` after the
+/// operator's status writes.
+fn assert_users_metadata_kept(lease: FencedLease) {
+    assert_eq!(
+        lease
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("team")
+            .map(String::as_str),
+        Some("payments"),
+        "the lease's labels after two status writes"
+    );
+    assert_eq!(
+        lease
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("owner")
+            .map(String::as_str),
+        Some("alice"),
+        "the lease's annotations after two status writes"
+    );
+}
+
 #[tokio::test]
 async fn serves_health_and_metrics_and_stops_gracefully_on_sigterm() {
     let ns = TestNamespace::new("svc-http").await;
@@ -80,26 +105,7 @@ async fn serves_health_and_metrics_and_stops_gracefully_on_sigterm() {
     .await;
     let lease = ns.api::<FencedLease>().get("l").await.unwrap();
     assert_eq!(lease.status.as_ref().map(|s| s.waiting), Some(1));
-    assert_eq!(
-        lease
-            .metadata
-            .labels
-            .unwrap_or_default()
-            .get("team")
-            .map(String::as_str),
-        Some("payments"),
-        "the lease's labels after two status writes"
-    );
-    assert_eq!(
-        lease
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .get("owner")
-            .map(String::as_str),
-        Some("alice"),
-        "the lease's annotations after two status writes"
-    );
+    assert_users_metadata_kept(lease);
 
     let status = op
         .terminate(Duration::from_secs(15))
