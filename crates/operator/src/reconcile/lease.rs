@@ -1,7 +1,14 @@
-//! The FencedLease reconciler: gather the lease, its claims and their pods from the caches,
-//! [`decide`], make final any expiry on the version last seen ([`expire`]), write the
-//! lease status (the linearization point: one write carrying the resourceVersion it was
-//! decided on), then repair claim statuses and pod annotations from it.
+//! The FencedLease reconciler. A lease's trip through it:
+//!
+//! 1. A deleted lease goes to its [`finalizer`]'s cleanup: its last token recorded, its holder
+//!    revoked, its finalizer removed once its last holder's term has run out.
+//! 2. A cached copy older than the operator's own last write waits for the watch to catch up.
+//! 3. The finalizer is put in place before any token is issued ([`finalizer::ensure`]).
+//! 4. The fence must be in force before anyone is granted (I12).
+//! 5. The status is decided on the caches and written (the linearization point: one write
+//!    carrying the resourceVersion it was decided on), after whatever the caches alone may not
+//!    decide has been read or made final (see [`crate::core::step`]).
+//! 6. The claims' statuses and the pods' token annotations are repaired from it.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -15,7 +22,7 @@ use tracing::warn;
 
 use super::report::report;
 use super::write_status::{Outcome, write_lease_status};
-use super::{Again, claims, finalize, pods, token_records, write_watched};
+use super::{Again, claims, finalizer, pods, write_watched};
 use crate::admission::Check;
 use crate::context::{Context, Kube};
 use crate::core::status;
@@ -75,7 +82,7 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
     let api: Api<FencedLease> = Api::namespaced(ctx.kube.client.clone(), &ns);
 
     if lease.metadata.deletion_timestamp.is_some() {
-        return finalize::finalize(ctx, &api, &lease, &ns, &name).await;
+        return finalizer::cleanup(ctx, &api, &lease, &ns, &name).await;
     }
     if ctx.memory.written.is_superseded(
         lease.metadata.uid.as_deref(),
@@ -86,23 +93,14 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
         // reconcile; the requeue is only a safety net.
         return Ok(Some(STALE_RETRY));
     }
-    let lease = match with_finalizer(ctx, &api, lease).await? {
+    let lease = match finalizer::ensure(ctx, &api, lease).await? {
         ControlFlow::Continue(lease) => lease,
         ControlFlow::Break(again) => return Ok(again),
     };
 
-    // The fence comes before any grant: a lease whose fence is not in force grants no one
-    // (I12: fail closed, condition Held=False FenceNotInForce); its holder keeps its term and
-    // expiries and releases go on. The error is returned once they are done (Event, metric,
-    // retry). One whose kinds slot is being updated, or was just updated, is decided again
-    // once the apiserver has it.
-    let fenced = match ctx.admission.check(&lease) {
-        Check::InForce => Ok(()),
-        Check::Settling(in_force) => {
-            return Ok(Some(in_force.saturating_duration_since(Instant::now())));
-        }
-        Check::Pending => return Ok(None),
-        Check::NotInForce(why) => Err(Error::Fence(Box::new(Error::FenceGap(why)))),
+    let fenced = match fence(ctx, &lease) {
+        ControlFlow::Continue(fenced) => fenced,
+        ControlFlow::Break(again) => return Ok(again),
     };
     let unfenced = fenced
         .as_ref()
@@ -134,35 +132,20 @@ async fn reconcile_lease(lease: Arc<FencedLease>, ctx: &Context) -> Result<Again
     Ok(Some(wake.saturating_duration_since(Instant::now())))
 }
 
-/// The lease with the operator's finalizer, added if it is missing (and its label
-/// [`token_records::FOLLOWS_LABEL`] set as `spec.follow` says), or when to look again.
-/// No token is issued before the finalizer that will record it is in place; the lease as
-/// written carries it, so the grant goes on in this same reconcile. Its token record is read
-/// first, ahead of the first claim's grant: the lease as seen with its finalizer has had its
-/// record read.
-async fn with_finalizer(
-    ctx: &Context,
-    api: &Api<FencedLease>,
-    lease: Arc<FencedLease>,
-) -> Result<ControlFlow<Again, Arc<FencedLease>>> {
-    if token_records::metadata_settled(&lease) {
-        return Ok(ControlFlow::Continue(lease));
-    }
-    token_records::read_ahead(ctx, &lease).await;
-    match token_records::add_finalizer(&ctx.kube, &ctx.memory, api, &lease).await {
-        // Our cached copy is older than the lease: its update event is on its way.
-        Err(e) if e.is_conflict() => Ok(ControlFlow::Break(Some(Duration::from_millis(100)))),
-        Ok(Some(mut written)) if token_records::has_finalizer(&written) => {
-            written.metadata.managed_fields = None;
-            Ok(ControlFlow::Continue(Arc::new(written)))
+/// Whether the lease's fence is in force, or when to look again. The fence comes before any
+/// grant: a lease whose fence is not in force grants no one (I12: fail closed, condition
+/// Held=False FenceNotInForce); its holder keeps its term and expiries and releases go on. The
+/// error is returned once they are done (Event, metric, retry). One whose kinds slot is being
+/// updated, or was just updated, is decided again once the apiserver has it.
+fn fence(ctx: &Context, lease: &FencedLease) -> ControlFlow<Again, Result<()>> {
+    ControlFlow::Continue(match ctx.admission.check(lease) {
+        Check::InForce => Ok(()),
+        Check::Settling(in_force) => {
+            return ControlFlow::Break(Some(in_force.saturating_duration_since(Instant::now())));
         }
-        result => {
-            // Gone before its finalizer: nothing will be granted.
-            token_records::forget_read_ahead(ctx, &lease);
-            result?;
-            Ok(ControlFlow::Break(None))
-        }
-    }
+        Check::Pending => return ControlFlow::Break(None),
+        Check::NotInForce(why) => Err(Error::Fence(Box::new(Error::FenceGap(why)))),
+    })
 }
 
 /// Says on the lease, with condition `Degraded`, why no token can be issued (best effort: the

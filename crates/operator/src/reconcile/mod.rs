@@ -1,12 +1,11 @@
 //! Making the cluster match the decisions: the FencedLease reconciler ([`lease`]: a lease's
-//! status written, the linearization point; [`finalize`]: a deleted lease; [`claims`]: its
-//! claims' statuses), and what it calls: [`expire`] (an expiry confirmed on a fresh read and
-//! made final, I9), [`pods`] (pod presence and token annotations), [`token_records`] (the
-//! finalizer that keeps tokens growing across deletion of a lease), [`follow`] (the
-//! coordination Lease a lease follows, and the pod its holder is). Apart:
-//! [`missing_lease`] (claims of leases that do not exist), [`orphans`] (token annotations
-//! of leases that are gone) and [`positions`] (waiters' queue positions, written off the
-//! hand-over's path).
+//! trip, its status written, the linearization point; [`claims`]: its claims' statuses), and
+//! what it calls: [`finalizer`] (the finalizer's whole cycle, and the token records that keep
+//! tokens growing across deletion of a lease), [`expire`] (an expiry confirmed on a fresh read
+//! and made final, I9), [`pods`] (pod presence and token annotations), [`follow`] (the
+//! coordination Lease a lease follows, and the pod its holder is). Apart: [`missing_lease`]
+//! (claims of leases that do not exist), [`orphans`] (token annotations of leases that are
+//! gone) and [`positions`] (waiters' queue positions, written off the hand-over's path).
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,7 +16,7 @@ use crate::state::Memory;
 
 pub mod claims;
 pub mod expire;
-pub mod finalize;
+pub mod finalizer;
 mod follow;
 mod gather;
 pub mod lease;
@@ -27,8 +26,11 @@ pub mod orphans;
 pub mod pods;
 pub mod positions;
 pub mod report;
-pub mod token_records;
 mod write_status;
+
+/// The finalizer's names at the path the tests and benchmarks know them by
+/// (`token_records::FINALIZER`, `token_records::has_finalizer`).
+pub use finalizer as token_records;
 
 /// Sends `call` (`what`), a write of object `uid` read at version `before`, within the API
 /// deadline and through [`OwnWrites::around`](crate::state::own_writes::OwnWrites::around):

@@ -10,9 +10,10 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use tracing::info;
 
+use super::finalizer::{self, ahead, records};
 use super::gather::{Gathered, Reads, holder_of, newest_grant};
 use super::pods;
-use super::{follow, token_records, write_watched};
+use super::{follow, write_watched};
 use crate::context::{Context, Kube};
 use crate::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
 use crate::core::follow::{FollowView, decide_follow};
@@ -96,11 +97,11 @@ pub async fn write_lease_status(
                 reads.known.followed_read = true;
             }
             Step::ReadRecord => {
-                let record = token_records::before_first_grant(ctx, &lease).await?;
+                let record = ahead::before_first_grant(ctx, &lease).await?;
                 reads.known.record = Some(record);
             }
             Step::RecordAhead(token) => {
-                token_records::record_ahead(ctx, &ns, &name, token).await?;
+                records::record_ahead(ctx, &ns, &name, token).await?;
                 reads.known.recorded_ahead = Some(token);
             }
             Step::Done => {
@@ -111,7 +112,7 @@ pub async fn write_lease_status(
             Step::Write => match write(ctx, api, &lease, std::mem::take(&mut d.desired)).await? {
                 Wrote::Lease(w) => {
                     if w.status.as_ref().is_some_and(|s| s.fencing_token > 0) {
-                        token_records::forget_read_ahead(ctx, &w);
+                        ahead::forget(ctx, &w);
                     }
                     let (current, plan, overlaid) = d.into_parts();
                     let claims = overlaid.unwrap_or(gathered.claims);
@@ -344,7 +345,7 @@ async fn write(
             let replaced = read.metadata.uid != lease.metadata.uid;
             let newly_deleting = read.metadata.deletion_timestamp.is_some()
                 && lease.metadata.deletion_timestamp.is_none();
-            if replaced || newly_deleting || !token_records::has_finalizer(&read) {
+            if replaced || newly_deleting || !finalizer::has_finalizer(&read) {
                 return Ok(Wrote::Requeue);
             }
             Ok(Wrote::Conflict(Box::new(read)))

@@ -1,52 +1,37 @@
-//! Tokens outlive their lease object. Before a FencedLease goes, its finalizer records the
-//! last token issued under its name (or its `minToken`, if higher) in a ConfigMap of the
+//! The token records: the last token issued under each lease name, kept in a ConfigMap of the
 //! operator's own namespace, one per lease namespace: `fenced-lease-tokens.<namespace>`, key
-//! `<lease>`. A lease re-created under that name starts above it. A ConfigMap is a core
-//! object outside the leases' namespaces, so the record survives the CRDs being uninstalled
-//! and the lease's namespace being deleted.
+//! `<lease>`. The finalizer writes a lease's record before the lease goes; a lease re-created
+//! under that name starts above it. A ConfigMap is a core object outside the leases'
+//! namespaces, so the record survives the CRDs being uninstalled and the lease's namespace
+//! being deleted.
 //!
 //! The record is the second line of defence: tokens are also never below the wall-clock
 //! time of their grant (see [`crate::core::token`]), so a lease re-created after the record is
 //! lost too (deleted, left behind in another namespace, the finalizer stripped) still starts
 //! above its past. That covers only the tokens the clock had reached when they were issued; a
 //! token above the clock (a `minToken` or a record above it) is recorded here *before* its
-//! grant is written ([`crate::core::step`], step 6), so a finalizer stripped later
-//! cannot take it. A record that cannot be read is never taken as zero: the lease waits, with
-//! a condition and a Warning Event, until someone repairs or deletes it. Records older than
-//! [`PRUNE_AFTER_MS`] by the clock are dropped when a record is written: the clock covers them.
+//! grant is written ([`record_ahead`]; [`crate::core::step`], step 6), so a finalizer stripped
+//! later cannot take it. A record that cannot be read is never taken as zero: the lease waits,
+//! with a condition and a Warning Event, until someone repairs or deletes it. Records older
+//! than [`PRUNE_AFTER_MS`] by the clock are dropped when a record is written: the clock covers
+//! them.
 
-use crate::state::locked;
-use crate::state::records::raise;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::write_watched;
-use crate::context::{Context, Kube};
+use crate::context::Context;
 use crate::error::{Error, Result, timed};
-use crate::state::Memory;
-use fenced_lease_api::FencedLease;
+use crate::state::locked;
+use crate::state::records::raise;
 
-/// Finalizer that records the lease's last token before it is deleted.
-pub const FINALIZER: &str = "fencing.dev/token-high-water-mark";
 /// Prefix of the ConfigMaps (in the operator's namespace) holding the last token of each
 /// deleted lease; the lease's namespace follows.
 pub const CONFIG_MAP_PREFIX: &str = "fenced-lease-tokens.";
 /// A record whose token is older than this by the wall clock (tokens are at least the
 /// grant's time in ms) adds nothing to the clock floor and is dropped: 24 hours.
 pub const PRUNE_AFTER_MS: i64 = 24 * 3600 * 1000;
-
-pub fn has_finalizer(lease: &FencedLease) -> bool {
-    lease
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .any(|f| f == FINALIZER)
-}
 
 /// The ConfigMap holding the records of namespace `ns` (a DNS label, so the name is valid).
 pub fn config_map_name(ns: &str) -> String {
@@ -177,7 +162,6 @@ async fn record_with(
 pub async fn record_ahead(ctx: &Context, ns: &str, name: &str, token: i64) -> Result<()> {
     record_with(ctx, ns, name, token, true).await
 }
-
 /// Writes `batch` into the ConfigMap of namespace `ns` in one update; the leases whose
 /// record is damaged are left as they are and returned, each with its error, except
 /// `overwrite`, whose damaged record is replaced by its token.
@@ -194,47 +178,16 @@ async fn write_records(
         let current = timed("read token record", ctx.kube.timeout, api.get_opt(&cm_name)).await?;
         let (result, damaged) = match current {
             None => {
-                let cm = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(cm_name.clone()),
-                        labels: Some(BTreeMap::from([(
-                            "app.kubernetes.io/managed-by".to_string(),
-                            "fenced-lease-operator".to_string(),
-                        )])),
-                        ..Default::default()
-                    },
-                    data: Some(
-                        batch
-                            .iter()
-                            .map(|(lease, token)| (lease.clone(), token.to_string()))
-                            .collect(),
-                    ),
-                    ..Default::default()
-                };
                 let created = timed(
                     "create token record",
                     ctx.kube.timeout,
-                    api.create(&PostParams::default(), &cm),
+                    api.create(&PostParams::default(), &new_records(&cm_name, batch)),
                 )
                 .await;
                 (created.map(drop), BTreeMap::new())
             }
             Some(mut cm) => {
-                let mut damaged = BTreeMap::new();
-                let mut data = cm.data.clone().unwrap_or_default();
-                for (lease, token) in batch {
-                    if let Err(e) = record_of(&cm, lease) {
-                        if overwrite != Some(lease.as_str()) {
-                            damaged.insert(lease.clone(), e);
-                            continue;
-                        }
-                        tracing::warn!(%lease, namespace = %ns, error = %e, token,
-                            "the lease's token record was damaged; overwriting it with the token about to be granted");
-                    }
-                    if let Some(next) = raised(&data, lease, *token, now_ms) {
-                        data = next;
-                    }
-                }
+                let (data, damaged) = merged(&cm, batch, overwrite, ns, now_ms);
                 if cm.data.as_ref().map_or(data.is_empty(), |d| *d == data) {
                     return Ok(damaged);
                 }
@@ -260,141 +213,53 @@ async fn write_records(
     )))
 }
 
-/// Reads the record of a lease that has issued no token yet, ahead of its first grant (see
-/// [`RecordsAhead`](crate::state::RecordsAhead)). A failed read is left for that
-/// grant to meet: it reads again, and reports it.
-pub async fn read_ahead(ctx: &Context, lease: &FencedLease) {
-    let issued = lease.status.as_ref().is_some_and(|s| s.fencing_token > 0);
-    let Some(uid) = lease.metadata.uid.as_deref() else {
-        return;
-    };
-    if issued || ctx.records_ahead.get(uid).is_some() {
-        return;
+/// The ConfigMap `name` holding just the records of `batch`.
+fn new_records(name: &str, batch: &BTreeMap<String, i64>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "fenced-lease-operator".to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(
+            batch
+                .iter()
+                .map(|(lease, token)| (lease.clone(), token.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
     }
-    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
-    match read(ctx, &ns, &name).await {
-        Ok(record) => ctx.records_ahead.keep(uid, record),
-        Err(error) => {
-            tracing::debug!(lease = %name, namespace = %ns, %error, "could not read the token record ahead")
+}
+
+/// The records of `cm` (of lease namespace `ns`) with those of `batch` raised in them at
+/// wall-clock `now_ms`, and the leases of `batch` whose record is damaged, each with its error:
+/// those are left as they are, except `overwrite`, whose damaged record is replaced.
+fn merged(
+    cm: &ConfigMap,
+    batch: &BTreeMap<String, i64>,
+    overwrite: Option<&str>,
+    ns: &str,
+    now_ms: i64,
+) -> (BTreeMap<String, String>, BTreeMap<String, Error>) {
+    let mut damaged = BTreeMap::new();
+    let mut data = cm.data.clone().unwrap_or_default();
+    for (lease, token) in batch {
+        if let Err(e) = record_of(cm, lease) {
+            if overwrite != Some(lease.as_str()) {
+                damaged.insert(lease.clone(), e);
+                continue;
+            }
+            tracing::warn!(%lease, namespace = %ns, error = %e, token,
+                "the lease's token record was damaged; overwriting it with the token about to be granted");
+        }
+        if let Some(next) = raised(&data, lease, *token, now_ms) {
+            data = next;
         }
     }
-}
-
-/// Forgets the record read ahead for `lease`: it has issued a token (the next one continues
-/// from its status), or it is gone.
-pub fn forget_read_ahead(ctx: &Context, lease: &FencedLease) {
-    if let Some(uid) = lease.metadata.uid.as_deref() {
-        ctx.records_ahead.forget(uid);
-    }
-}
-
-/// The record before lease's first grant: the one read ahead, or else read now.
-pub async fn before_first_grant(ctx: &Context, lease: &FencedLease) -> Result<i64> {
-    let ahead = lease
-        .metadata
-        .uid
-        .as_deref()
-        .and_then(|uid| ctx.records_ahead.get(uid));
-    if let Some(record) = ahead {
-        return Ok(record);
-    }
-    let (ns, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
-    read(ctx, &ns, &name).await
-}
-
-/// Adds the finalizer if it is missing and sets the label [`FOLLOWS_LABEL`] as
-/// [`follows_label`] says, in one patch guarded by the lease's resourceVersion so no other
-/// finalizer is lost; the lease as written, `None` when it is gone.
-pub async fn add_finalizer(
-    kube: &Kube,
-    memory: &Memory,
-    api: &Api<FencedLease>,
-    lease: &FencedLease,
-) -> Result<Option<FencedLease>> {
-    let mut finalizers = lease.metadata.finalizers.clone().unwrap_or_default();
-    if !has_finalizer(lease) {
-        finalizers.push(FINALIZER.to_string());
-    }
-    let metadata = json!({
-        "finalizers": finalizers,
-        "labels": { FOLLOWS_LABEL: follows_label(lease) },
-    });
-    patch_metadata(kube, memory, api, lease, metadata).await
-}
-
-/// Label of a FencedLease that follows a coordination Lease (`spec.follow`), set and removed
-/// by the operator: the admission policy that refuses claims of such a lease
-/// (deploy/admission/follow.yaml) asks only the leases carrying it, not every lease of the
-/// claim's namespace (which made each claim create cost a policy evaluation per lease there).
-pub const FOLLOWS_LABEL: &str = "fencing.dev/follows";
-
-/// The value [`FOLLOWS_LABEL`] should have on `lease` (`None`: absent).
-pub fn follows_label(lease: &FencedLease) -> Option<&'static str> {
-    lease.spec.follow.as_ref().map(|_| "true")
-}
-
-/// The lease's finalizer and label are as [`add_finalizer`] sets them.
-pub fn metadata_settled(lease: &FencedLease) -> bool {
-    has_finalizer(lease)
-        && lease
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(FOLLOWS_LABEL))
-            .map(String::as_str)
-            == follows_label(lease)
-}
-
-/// Removes the finalizer (idempotent), guarded by the lease's resourceVersion.
-pub async fn remove_finalizer(
-    kube: &Kube,
-    memory: &Memory,
-    api: &Api<FencedLease>,
-    lease: &FencedLease,
-) -> Result<()> {
-    if !has_finalizer(lease) {
-        return Ok(());
-    }
-    let finalizers: Vec<String> = lease
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    patch_metadata(
-        kube,
-        memory,
-        api,
-        lease,
-        json!({ "finalizers": finalizers }),
-    )
-    .await
-    .map(drop)
-}
-
-/// Merge-patches `metadata` (an object of metadata fields) into the lease, guarded by its
-/// resourceVersion.
-async fn patch_metadata(
-    kube: &Kube,
-    memory: &Memory,
-    api: &Api<FencedLease>,
-    lease: &FencedLease,
-    mut metadata: serde_json::Value,
-) -> Result<Option<FencedLease>> {
-    let name = lease.metadata.name.clone().unwrap_or_default();
-    metadata["resourceVersion"] = json!(lease.metadata.resource_version);
-    let patch = json!({ "metadata": metadata });
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    let write = api.patch(&name, &params, &patch);
-    let meta = &lease.metadata;
-    let (uid, before) = (meta.uid.as_deref(), meta.resource_version.as_deref());
-    match write_watched(kube, memory, "patch lease finalizers", uid, before, write).await {
-        Ok(written) => Ok(Some(written)),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e),
-    }
+    (data, damaged)
 }
 
 #[cfg(test)]
