@@ -1,5 +1,5 @@
-//! A lease's status decided and written: each round decides on the caches and what this
-//! reconcile has read from the API, and carries out the [`next_step`] it names.
+//! A lease's status decided and written: each round decides ([`decide_round`]) on the caches
+//! and what this reconcile has read from the API, and carries out the [`next_step`] it names.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -15,11 +15,9 @@ use super::gather::{Gathered, Reads, holder_of, newest_grant};
 use super::pods;
 use super::{follow, write_watched};
 use crate::context::{Context, Kube};
-use crate::core::decide::{ClaimView, EndReason, LeaseView, Plan, PodPresence, decide};
-use crate::core::follow::{FollowView, decide_follow};
-use crate::core::status;
+use crate::core::decide::{ClaimView, EndReason, Plan, PodPresence};
+use crate::core::round::{Decision, RoundView, decide_round};
 use crate::core::step::{Round, Step, next_step};
-use crate::core::token::TokenFloor;
 use crate::error::{Error, Result, timed};
 use crate::reconcile::expire::{Confirmed, Fresh, Silent, confirm_and_expire};
 use crate::state::CachedClaim;
@@ -66,7 +64,7 @@ pub async fn write_lease_status(
             reads.known.followed_read = false;
             reads.followed = None;
         }
-        let mut d = decide_round(ctx, &lease, &gathered, &reads, unfenced);
+        let mut d = decide(ctx, &lease, &gathered, &reads, unfenced);
         let round = Round {
             current: &d.current,
             newest_grant: newest_grant(&d.claims),
@@ -89,16 +87,9 @@ pub async fn write_lease_status(
             }
             Step::ConfirmHolder => confirm_holder(ctx, &ns, &d, &mut reads).await?,
             Step::Expire => expire(ctx, &ns, &name, lease.term(), &d, &mut reads.fresh).await?,
-            Step::ReadFollowed => {
-                if let Some(follow) = &lease.spec.follow {
-                    reads.followed =
-                        Some(follow::read(&ctx.kube, &ctx.memory, &ns, &follow.lease).await?);
-                }
-                reads.known.followed_read = true;
-            }
+            Step::ReadFollowed => read_followed(ctx, &lease, &mut reads).await?,
             Step::ReadRecord => {
-                let record = ahead::before_first_grant(ctx, &lease).await?;
-                reads.known.record = Some(record);
+                reads.known.record = Some(ahead::before_first_grant(ctx, &lease).await?);
             }
             Step::RecordAhead(token) => {
                 records::record_ahead(ctx, &ns, &name, token).await?;
@@ -130,7 +121,7 @@ pub async fn write_lease_status(
     Err(Error::Contended(format!("{ns}/{name}")))
 }
 
-/// One round's decision, and what it rests on.
+/// One round's decision, and the claims and views it rests on.
 struct Decided<'g> {
     current: FencedLeaseStatus,
     claims: Cow<'g, [Arc<CachedClaim>]>,
@@ -152,34 +143,42 @@ impl Decided<'_> {
     }
 }
 
-/// Decides on the lease as last read, its claims (as gathered, overlaid with what was read),
-/// and their pods' presence, above the token record when it has been read.
-fn decide_round<'g>(
+/// Decides ([`decide_round`]) on the lease as last read, its claims (as gathered, overlaid
+/// with what was read) and their pods' presence, the Lease it follows (as read, else as
+/// cached), above the token record when it has been read.
+fn decide<'g>(
     ctx: &Context,
     lease: &FencedLease,
     gathered: &'g Gathered,
     reads: &Reads,
     unfenced: Option<&str>,
 ) -> Decided<'g> {
-    let current = lease.status.clone().unwrap_or_default();
-    let holder = holder_of(Some(&current));
+    let holder = holder_of(lease.status.as_ref());
     let (claims, views) = gathered.overlaid(&ctx.memory, reads, &holder);
-    let plan = match &lease.spec.follow {
-        Some(follow) => decide_followed(ctx, lease, &follow.lease, &current, unfenced, reads),
-        None => decide_claims(lease, &current, &views, holder.0, unfenced, reads),
+    let cached;
+    let followed = match (&lease.spec.follow, &reads.followed) {
+        (None, _) => None,
+        (Some(_), Some(read)) => Some(read),
+        (Some(follow), None) => {
+            let ns = lease.namespace().unwrap_or_default();
+            cached = follow::cached(&ctx.memory, &ns, &follow.lease);
+            Some(&cached)
+        }
     };
-    let granted = plan.grant.as_ref().and_then(|g| {
-        claims
-            .iter()
-            .find(|c| c.metadata.uid.as_deref() == Some(&g.uid))
-    });
-    let term = status::Term {
-        duration_seconds: lease.spec.lease_duration_seconds,
-        pod_uid: granted.and_then(|c| pods::pod_uid(c, &ctx.memory.pods)),
+    let view = RoundView {
+        lease,
+        claims: &claims,
+        views: &views,
+        followed,
+        record: reads.known.record,
+        unfenced,
     };
-    let refs: Vec<&CachedClaim> = claims.iter().map(|c| c.as_ref()).collect();
-    let generation = lease.metadata.generation;
-    let desired = status::lease_status(&current, &plan, &refs, &term, generation, Timestamp::now());
+    let pod_uid = |c: &CachedClaim| pods::pod_uid(c, &ctx.memory.pods);
+    let Decision {
+        current,
+        plan,
+        desired,
+    } = decide_round(&view, pod_uid, Instant::now(), Timestamp::now());
     Decided {
         current,
         claims,
@@ -189,65 +188,14 @@ fn decide_round<'g>(
     }
 }
 
-/// The claims' decision ([`decide`]): who of them holds next.
-fn decide_claims(
-    lease: &FencedLease,
-    current: &FencedLeaseStatus,
-    views: &[ClaimView],
-    holder_uid: Option<String>,
-    unfenced: Option<&str>,
-    reads: &Reads,
-) -> Plan {
-    let view = LeaseView {
-        holder_uid,
-        last_token: current.fencing_token,
-        high_water_mark: reads.known.record.unwrap_or(0),
-        min_token: lease.spec.min_token,
-        deleting: lease.metadata.deletion_timestamp.is_some(),
-        unfenced: unfenced.map(String::from),
-        term: lease.term(),
-        duration: lease.spec.lease_duration(),
-    };
-    decide(
-        &view,
-        views,
-        Instant::now(),
-        Timestamp::now().as_millisecond(),
-    )
-}
-
-/// The decision of a lease that follows coordination Lease `followed` ([`decide_follow`]): on
-/// the Lease as read from the API when this reconcile has read it, else as cached.
-fn decide_followed(
-    ctx: &Context,
-    lease: &FencedLease,
-    followed: &str,
-    current: &FencedLeaseStatus,
-    unfenced: Option<&str>,
-    reads: &Reads,
-) -> Plan {
-    let ns = lease.namespace().unwrap_or_default();
-    let cached;
-    let seen = match &reads.followed {
-        Some(read) => read,
-        None => {
-            cached = follow::cached(&ctx.memory, &ns, followed);
-            &cached
-        }
-    };
-    decide_follow(&FollowView {
-        lease: followed,
-        followed: seen,
-        current: current.holder.as_ref(),
-        deleting: lease.metadata.deletion_timestamp.is_some(),
-        unfenced,
-        floor: TokenFloor {
-            last_issued: current.fencing_token,
-            recorded: reads.known.record.unwrap_or(0),
-            min_token: lease.spec.min_token,
-            now_ms: Timestamp::now().as_millisecond(),
-        },
-    })
+/// Reads the Lease `lease` follows from the API, into `reads`.
+async fn read_followed(ctx: &Context, lease: &FencedLease, reads: &mut Reads) -> Result<()> {
+    if let Some(follow) = &lease.spec.follow {
+        let ns = lease.namespace().unwrap_or_default();
+        reads.followed = Some(follow::read(&ctx.kube, &ctx.memory, &ns, &follow.lease).await?);
+    }
+    reads.known.followed_read = true;
+    Ok(())
 }
 
 enum Reread {
