@@ -170,6 +170,23 @@ impl Events {
     }
 }
 
+#[cfg(test)]
+impl Events {
+    /// Events queued and never published, for tests: the receiver shows them.
+    pub(crate) fn unpublished(
+        metrics: Arc<Metrics>,
+    ) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let normal = Arc::new(Mutex::new(Budget::new(1000.0, Instant::now())));
+        let events = Self {
+            tx,
+            metrics,
+            normal,
+        };
+        (events, rx)
+    }
+}
+
 /// Publishes one Event: Warnings through the Recorder (series), Normal ones created directly.
 #[derive(Clone)]
 struct Publisher {

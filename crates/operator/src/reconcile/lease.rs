@@ -182,3 +182,6 @@ async fn degrade(
         tracing::debug!(lease = %name, error = %e, "could not set the Degraded condition");
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,6 +17,8 @@ use crate::state::Memory;
 pub mod claims;
 pub mod expire;
 pub mod finalizer;
+#[cfg(test)]
+mod fixtures;
 mod follow;
 mod gather;
 pub mod lease;

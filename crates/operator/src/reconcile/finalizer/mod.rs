@@ -141,3 +141,6 @@ async fn revoke(
     }
     latest
 }
+
+#[cfg(test)]
+mod tests;
