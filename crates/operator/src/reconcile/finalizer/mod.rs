@@ -35,7 +35,7 @@ use crate::error::Result;
 use fenced_lease_api::FencedLease;
 
 pub mod ahead;
-mod holders;
+pub mod holders;
 pub mod metadata;
 pub mod records;
 
