@@ -35,10 +35,11 @@ deps: ## Debian packages, Rust components, and the Go-built tools (hack/tools: t
 lint: lint-rust ## rustfmt and clippy, warnings are errors; the Go module's gofmt, go vet and revive (hack/go-lint)
 	@hack/go-lint
 
-lint-rust: ## rustfmt and clippy (every target with all features; the library and binaries with none), warnings are errors
+lint-rust: ## rustfmt, clippy (every target with all features; the libraries and binaries with none) and the crates' docs, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 	$(CARGO) clippy --locked --lib --bins -- -D warnings
+	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --locked --quiet --no-deps --all-features -p fenced-lease-api -p fenced-lease -p fenced-lease-operator -p kubectl-fence
 
 fmt: ## format the code
 	$(CARGO) fmt --all

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fenced_lease::api::FencedLease;
-use fenced_lease_operator::reconcile::token_records::FINALIZER;
+use fenced_lease_operator::reconcile::finalizer::FINALIZER;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;

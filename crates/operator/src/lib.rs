@@ -4,10 +4,10 @@
 //! Its rooms, each importing only those above it in this list:
 //! - [`names`], [`error`]: names and keys of leases and claims; errors and API deadlines;
 //! - [`scheduler`]: when each lease (and each claim of a missing lease) is reconciled;
+//! - [`state`]: what the operator keeps in memory (caches, indexes, clocks);
 //! - [`core`]: what to do, decided without I/O;
 //! - [`admission`]: the fence's admission objects, whether a lease's fence is in force, and the
 //!   keeper of the kinds slots;
-//! - [`state`]: what the operator keeps in memory (caches, indexes, clocks);
 //! - [`metrics`], [`events`]: what it reports; [`refusals`]: the refusals holders report; [`context`]: the handles reconcilers share;
 //! - [`reconcile`]: making the cluster match the decisions;
 //! - [`runtime`]: watches, controllers, leader election, the HTTP endpoints.

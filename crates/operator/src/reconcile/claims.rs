@@ -25,7 +25,7 @@ use fenced_lease_api::{ClaimPhase, FencedLeaseClaim, FencedLeaseClaimStatus, Fen
 /// holder, so no moment shows two claims `Granted`), before the rest of the queue is even
 /// looked at: a hand-over's own writes do not wait for a long queue to be compared. Then the
 /// others; waiting claims that only moved up the queue are left to the position writer
-/// ([`positions`](crate::state::positions)): a hand-over writes O(1) claims
+/// ([`state::positions`](crate::state::positions)): a hand-over writes O(1) claims
 /// however long the queue behind it.
 pub async fn repair(
     ctx: &Context,

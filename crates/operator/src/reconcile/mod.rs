@@ -2,7 +2,7 @@
 //! trip, its status written, the linearization point; [`claims`]: its claims' statuses), and
 //! what it calls: [`finalizer`] (the finalizer's whole cycle, and the token records that keep
 //! tokens growing across deletion of a lease), [`expire`] (an expiry confirmed on a fresh read
-//! and made final, I9), [`pods`] (pod presence and token annotations), [`follow`] (the
+//! and made final, I9), [`pods`] (pod presence and token annotations), `follow` (the
 //! coordination Lease a lease follows, and the pod its holder is). Apart: [`missing_lease`]
 //! (claims of leases that do not exist), [`orphans`] (token annotations of leases that are
 //! gone) and [`positions`] (waiters' queue positions, written off the hand-over's path).

@@ -6,7 +6,7 @@
 //!   status applied twice, a lease status refused with 409 and read again). It waits for the
 //!   write's watch event instead, and says so ([`OwnWrites::is_superseded`] marks the write
 //!   awaited).
-//! - The watch event of exactly such a write ([`OwnWrites::seen`] says [`Seen::Own`]) shows
+//! - The watch event of exactly such a write ([`OwnWrites::seen`] finds it among its own writes) shows
 //!   nothing the writing reconcile did not know: it decided on what it had, and every change
 //!   that came before the write has an event of its own. So that event triggers no reconcile,
 //!   unless one is waiting for it. On a lease with a long queue each reconcile reads every
