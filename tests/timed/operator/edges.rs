@@ -16,7 +16,7 @@ use common::operator::OperatorProcess;
 use common::{TestNamespace, wait_for};
 use fenced_lease::api::{ClaimPhase, FencedLease, FencedLeaseClaim, token_annotation_key};
 use fenced_lease::holder::{AcquireOptions, acquire};
-use fenced_lease_operator::reconcile::token_records;
+use fenced_lease_operator::reconcile::finalizer;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -173,7 +173,7 @@ async fn i1_the_token_record_is_read_when_the_lease_is_first_seen() {
     ns.create_lease("l", 15);
     wait_for("the token finalizer", WAIT, || async {
         let lease = ns.api::<FencedLease>().get("l").await.ok()?;
-        token_records::has_finalizer(&lease).then_some(())
+        finalizer::has_finalizer(&lease).then_some(())
     })
     .await;
     ns.kubectl_apply(&record("damaged"));
@@ -226,7 +226,7 @@ async fn leases_with_finalizers(leases: &Api<FencedLease>) {
                     .finalizers
                     .iter()
                     .flatten()
-                    .any(|f| f == fenced_lease_operator::reconcile::token_records::FINALIZER)
+                    .any(|f| f == fenced_lease_operator::reconcile::finalizer::FINALIZER)
             }))
         .then_some(())
     })

@@ -30,10 +30,6 @@ pub mod positions;
 pub mod report;
 mod write_status;
 
-/// The finalizer's names at the path the tests and benchmarks know them by
-/// (`token_records::FINALIZER`, `token_records::has_finalizer`).
-pub use finalizer as token_records;
-
 /// Sends `call` (`what`), a write of object `uid` read at version `before`, within the API
 /// deadline and through [`OwnWrites::around`](crate::state::own_writes::OwnWrites::around):
 /// every write of an object the operator watches goes this way.
