@@ -7,7 +7,7 @@ CARGO ?= cargo
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-demo: ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL (builds only the control plane and the crate)
+demo: ## the double dividend: a paused lease holder's writes refused by the apiserver and PostgreSQL (builds only the control plane, the operator and the example)
 	@hack/deps
 	@hack/demo
 
