@@ -21,7 +21,7 @@ pub const LEADER_LEASE: &str = "fl-fenced-lease-operator";
 /// Ready on the node and one leads.
 pub async fn install(client: &Client) {
     let chart = env("FL_NODE_CHART");
-    let listing = crate::node::run_ok(std::process::Command::new("tar").args(["-tzf", &chart]));
+    let listing = common::run(std::process::Command::new("tar").args(["-tzf", &chart]));
     let listing = String::from_utf8_lossy(&listing.stdout);
     assert!(
         listing.contains("fenced-lease/templates/tests/grant.yaml\n")

@@ -14,35 +14,15 @@ pub fn env(name: &str) -> String {
     })
 }
 
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is in the repository")
-}
-
-/// Runs `cmd`; panics with its output unless it succeeds.
-pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// The control plane's kubectl (KUBECONFIG names the node's control plane).
 fn kubectl_command() -> Command {
-    let bin_dir = run_ok(Command::new(repo_root().join("hack/control-plane")).arg("bin-dir"));
+    let bin_dir = common::run(Command::new(common::repo_root().join("hack/control-plane")).arg("bin-dir"));
     Command::new(PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl"))
 }
 
 /// `kubectl ARGS` against the node's control plane; its stdout.
 pub fn kubectl(args: &[&str]) -> String {
-    let out = run_ok(kubectl_command().args(args));
+    let out = common::run(kubectl_command().args(args));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -68,8 +48,8 @@ pub fn kubectl_apply(yaml: &str) {
 
 /// `helm ARGS` (hack/helm's) against the node's control plane.
 pub fn helm(args: &[&str]) -> Output {
-    run_ok(
-        Command::new(repo_root().join("hack/helm"))
+    common::run(
+        Command::new(common::repo_root().join("hack/helm"))
             .arg("helm")
             .args(args),
     )
