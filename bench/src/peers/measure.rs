@@ -184,10 +184,22 @@ impl Bench {
         if let System::Floor(_) = config.system {
             return Ok(()); // nothing to hand over: the floor writes one grant
         }
-        self.handovers(config, &prefix, n_handover, &mut into.handover)
-            .await?;
-        self.failovers(config, &prefix, n_slow, &mut into.failover)
-            .await
+        self.takeovers(
+            config,
+            &prefix,
+            Takeover::HandOver,
+            n_handover,
+            &mut into.handover,
+        )
+        .await?;
+        self.takeovers(
+            config,
+            &prefix,
+            Takeover::Failover,
+            n_slow,
+            &mut into.failover,
+        )
+        .await
     }
 
     /// How long a config's candidate may take to lead.
@@ -223,16 +235,18 @@ impl Bench {
         Ok(())
     }
 
-    /// Hand-over: the holder releases (SIGTERM: a graceful stop), the waiter takes over.
-    async fn handovers(
+    /// Takeovers of a held lease by a waiting candidate, `n` times: the holder stopped as `how`
+    /// says, each sample from that stop to the waiter leading.
+    async fn takeovers(
         &self,
         config: &Config,
         prefix: &str,
+        how: Takeover,
         n: usize,
         into: &mut Vec<f64>,
     ) -> Res<()> {
         let timeout = Self::timeout(config);
-        let lease = format!("{prefix}-handover");
+        let lease = format!("{prefix}-{}", how.lease_suffix());
         self.prepare(config, &lease).await?;
         let mut holder = self.candidate(config, &lease).await?;
         holder.go();
@@ -242,43 +256,25 @@ impl Bench {
             waiter.go();
             self.settle(config).await;
             let t0 = unix_ns();
-            holder.signal(Signal::SIGTERM);
+            match how {
+                Takeover::HandOver => holder.signal(Signal::SIGTERM),
+                Takeover::Failover => holder.kill(),
+            }
             let at = waiter.expect("leading", timeout).await?;
-            into.push((at - t0) as f64 / 1e6);
-            // For lining samples up with the operator's log: both stamps, ns since the epoch.
-            eprintln!(
-                "hand-over {}: SIGTERM at {t0}, leading at {at}",
-                config.name
-            );
-            holder.release().await;
-            holder = waiter;
-        }
-        holder.release().await;
-        Ok(())
-    }
-
-    /// Failover: the holder is SIGKILLed; figures are minus the lease duration.
-    async fn failovers(
-        &self,
-        config: &Config,
-        prefix: &str,
-        n: usize,
-        into: &mut Vec<f64>,
-    ) -> Res<()> {
-        let timeout = Self::timeout(config);
-        let lease = format!("{prefix}-failover");
-        self.prepare(config, &lease).await?;
-        let mut holder = self.candidate(config, &lease).await?;
-        holder.go();
-        holder.expect("leading", timeout).await?;
-        for _ in 0..n {
-            let mut waiter = self.candidate(config, &lease).await?;
-            waiter.go();
-            self.settle(config).await;
-            let t0 = unix_ns();
-            holder.kill();
-            let at = waiter.expect("leading", timeout).await?;
-            into.push((at - t0) as f64 / 1e6 - ms(config.duration));
+            let took = (at - t0) as f64 / 1e6;
+            match how {
+                Takeover::HandOver => {
+                    into.push(took);
+                    // For lining samples up with the operator's log: both stamps, ns since the
+                    // epoch.
+                    eprintln!(
+                        "hand-over {}: SIGTERM at {t0}, leading at {at}",
+                        config.name
+                    );
+                    holder.release().await;
+                }
+                Takeover::Failover => into.push(took - ms(config.duration)),
+            }
             holder = waiter;
         }
         holder.release().await;
@@ -311,5 +307,23 @@ impl Bench {
         let note = format!("lease duration {} s", config.duration.as_secs_f64());
         let figure = "failover after SIGKILL, minus lease duration";
         r.samples(section, name, figure, &figures.failover, "ms", &note);
+    }
+}
+
+/// How a holder gives up its lease in [`Bench::takeovers`].
+#[derive(Clone, Copy)]
+enum Takeover {
+    /// It releases (SIGTERM: a graceful stop), the waiter takes over.
+    HandOver,
+    /// It is SIGKILLed; figures are minus the lease duration.
+    Failover,
+}
+
+impl Takeover {
+    fn lease_suffix(self) -> &'static str {
+        match self {
+            Takeover::HandOver => "handover",
+            Takeover::Failover => "failover",
+        }
     }
 }
