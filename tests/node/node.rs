@@ -16,7 +16,8 @@ pub fn env(name: &str) -> String {
 
 /// The control plane's kubectl (KUBECONFIG names the node's control plane).
 fn kubectl_command() -> Command {
-    let bin_dir = common::run(Command::new(common::repo_root().join("hack/control-plane")).arg("bin-dir"));
+    let bin_dir =
+        common::run(Command::new(common::repo_root().join("hack/control-plane")).arg("bin-dir"));
     Command::new(PathBuf::from(String::from_utf8_lossy(&bin_dir.stdout).trim()).join("kubectl"))
 }
 
