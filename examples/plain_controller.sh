@@ -11,22 +11,31 @@
 # and only the holder's writes are accepted: a replica that stalled past its lease is refused
 # by the apiserver, whatever it writes, until `kubectl fence run` stops it.
 #
-# Every write is logged as `write N start`, then `write N accepted` or `write N refused: ...`.
+# Every write is logged as `write N start`, then `write N accepted`, `write N refused: ...` or,
+# when a signal ended kubectl, `write N stopped: ...`.
 set -u
 me=${POD_NAME:-$(hostname)}
 stopping=
 trap 'stopping=1' TERM INT
+# kubectl's answer goes to a file, not into $(...): bash 5.2 can lose a trap whose signal
+# arrives as a command substitution starts, and the loop would then never stop.
+out=${TMPDIR:-/tmp}/plain-controller.$$
+trap 'rm -f "$out"' EXIT
 
 n=0
 write() { # what, kubectl args...
   n=$((n + 1))
-  local what=$1 out
+  local what=$1 rc=0
   shift
   echo "write $n start ($what)"
-  if out=$(kubectl "$@" 2>&1); then
+  kubectl "$@" >"$out" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
     echo "write $n accepted ($what)"
+  elif [ "$rc" -gt 128 ]; then
+    echo "write $n stopped ($what): kubectl ended by signal $((rc - 128))"
   else
-    echo "write $n refused ($what): $out"
+    printf 'write %d refused (%s): ' "$n" "$what"
+    cat "$out"
   fi
 }
 

@@ -1,6 +1,7 @@
 //! The tests that need no cluster, no datastore and no clock: the generated CRDs, the grant
-//! logic's model, the krew manifest, the runs the tree names, and the safety suite's checker on
-//! synthetic histories. `make test` runs them before the control plane is up.
+//! logic's model, the krew manifest, the runs the tree names, the safety suite's checker on
+//! synthetic histories, and the example controller's signal handling (a deadline, no measured
+//! time). `make test` runs them before the control plane is up.
 
 extern crate fenced_lease_tests as common;
 
@@ -8,6 +9,7 @@ mod crd_yaml;
 mod decide_model;
 mod jepsen_checker;
 mod krew_manifest;
+mod plain_controller_signals;
 mod run_links;
 
 // The safety suite's checker, history and rules, at this crate's root as in the suite

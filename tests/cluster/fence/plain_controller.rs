@@ -106,8 +106,8 @@ fn apply_the_example(ns: &TestNamespace) {
 /// SIGTERM.
 fn assert_refused_since(log: &str, frozen_at: usize) {
     let after = writes_since(log, frozen_at);
-    // A kubectl in flight when kubectl fence stops the controller is killed and says nothing;
-    // every write the apiserver answered was refused, by the identity rule.
+    // A kubectl in flight when kubectl fence stops the controller is killed (`write N stopped`)
+    // or says nothing; every write the apiserver answered was refused, by the identity rule.
     let mut refused = 0;
     for (n, outcome) in &after {
         let outcome = outcome.as_deref().unwrap_or("(no outcome: stopped)");
