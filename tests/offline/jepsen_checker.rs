@@ -1,4 +1,4 @@
-//! The safety suite's checker (tests/safety/jepsen/checker.rs) on synthetic histories: it must catch
+//! The safety suite's checker (tests/safety/jepsen/checker/) on synthetic histories: it must catch
 //! each deliberate fault — a token issued twice, an expiry decided on the cache (two holders
 //! believing at once), a fence that accepts a lower token — and stay quiet on a clean history.
 

@@ -14,7 +14,7 @@ mod run_links;
 
 // The safety suite's checker, history and rules, at this crate's root as in the suite
 // (tests/safety/jepsen), since they name each other by `crate::`.
-#[path = "../safety/jepsen/checker.rs"]
+#[path = "../safety/jepsen/checker/mod.rs"]
 mod checker;
 #[allow(dead_code)] // the rest serves the suite's processes
 #[path = "../safety/jepsen/history.rs"]
