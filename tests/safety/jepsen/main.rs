@@ -22,7 +22,7 @@
 //! ```
 //!
 //! The binary has no libtest harness: it runs itself again as the holder processes
-//! (`JEPSEN_ROLE`). The checker's own tests are in `tests/offline/jepsen_checker.rs`.
+//! (`JEPSEN_ROLE`). The checker's own tests are in `tests/offline/jepsen_checker/`.
 
 extern crate fenced_lease_tests as common;
 
