@@ -1,5 +1,5 @@
 //! The checker: pure functions over a recorded history (no I/O), so that it is tested on
-//! synthetic histories (`tests/offline/jepsen_checker.rs`) as well as run on real ones.
+//! synthetic histories (`tests/offline/jepsen_checker/`) as well as run on real ones.
 //!
 //! What it checks, each only where the history proves a violation (timestamps are taken on
 //! the side that makes every comparison conservative: "still believed" is the instant a
