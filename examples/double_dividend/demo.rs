@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 
 use super::launch::{Launch, Worker};
 use super::{
-    Args, Event, LEASE, LEASE_SECONDS, Result, WORKER_ACCOUNT, config_map, epoch_ms, postgres,
-    wait_until,
+    Args, Event, LEASE, LEASE_SECONDS, PAYING, PAYING_IN_A_POD, Report, Result, WORKER_ACCOUNT,
+    config_map, epoch_ms, postgres, wait_until,
 };
 
 /// What the demo saw of the workers' writes.
@@ -142,6 +142,23 @@ async fn play(
     verdict(args, client, db, table, &tally).await
 }
 
+/// An error when a report that a worker pays reached the demo after the payment ended: a
+/// pause now would come too late to show anything.
+fn in_time(t0_ms: u128, report: &Report, paying: Duration) -> Result<()> {
+    let late = epoch_ms()
+        .saturating_sub(t0_ms)
+        .saturating_sub(report.at_ms);
+    if late >= paying.as_millis() {
+        return Err(format!(
+            "worker-a's report that it pays reached the demo {late} ms late, after its {}s \
+             payment had ended: too late to pause it (a slow log stream?)",
+            paying.as_secs_f32()
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// worker-a started; worker-b once worker-a holds the lease; worker-a paused while it pays and
 /// resumed once worker-b is done. Each report printed as it comes; the writes counted.
 async fn timeline(args: &Args, client: &Client, table: &str) -> Result<Tally> {
@@ -152,6 +169,11 @@ async fn timeline(args: &Args, client: &Client, table: &str) -> Result<Tally> {
         namespace: &args.namespace,
         table,
         t0_ms,
+        paying: if args.pods.is_some() {
+            PAYING_IN_A_POD
+        } else {
+            PAYING
+        },
         log_dir: &args.log_dir,
         image: args.pods.as_deref(),
         postgres_url: args.pods_postgres_url.as_deref().unwrap_or(&postgres_url),
@@ -176,6 +198,7 @@ async fn timeline(args: &Args, client: &Client, table: &str) -> Result<Tally> {
                 b = Some(Worker::start(client, &launch, "worker-b").await?);
             }
             ("worker-a", Event::Paying) => {
+                in_time(t0_ms, &report, launch.paying)?;
                 a.pause().await?;
                 paused = true;
                 say(

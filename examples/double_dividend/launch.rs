@@ -26,6 +26,8 @@ pub struct Launch<'a> {
     pub namespace: &'a str,
     pub table: &'a str,
     pub t0_ms: u128,
+    /// How long a worker's payment takes.
+    pub paying: Duration,
     pub log_dir: &'a Path,
     /// `--pods IMAGE`: run workers as pods of this image; else as processes.
     pub image: Option<&'a str>,
@@ -136,6 +138,8 @@ fn worker_args(launch: &Launch<'_>, name: &str) -> Vec<String> {
         launch.table,
         "--t0-ms",
         &launch.t0_ms.to_string(),
+        "--paying-ms",
+        &launch.paying.as_millis().to_string(),
     ]
     .map(String::from)
     .to_vec()

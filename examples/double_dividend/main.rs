@@ -38,6 +38,10 @@ const LEASE: &str = "dividend-42";
 const LEASE_SECONDS: u64 = 3;
 /// How long paying takes: the pause hits in the middle of it.
 const PAYING: Duration = Duration::from_millis(2000);
+/// How long paying takes in a pod: its report reaches the demo through the kubelet's log
+/// stream, which can be seconds late on a busy node (2.6 s seen, when the pause came after the
+/// 2 s payment had ended), so the payment lasts long enough for the pause to land in it.
+const PAYING_IN_A_POD: Duration = Duration::from_secs(10);
 /// The ServiceAccount the workers' pods run as.
 const WORKER_ACCOUNT: &str = "dividend-worker";
 /// The payout ConfigMap.
@@ -69,6 +73,9 @@ struct Args {
     /// Start of the timeline, ms since the epoch (workers only).
     #[arg(long, hide = true)]
     t0_ms: Option<u128>,
+    /// How long paying takes, ms (workers only; default 2000).
+    #[arg(long, hide = true)]
+    paying_ms: Option<u64>,
 }
 
 /// One line a worker reports to the demo, as JSON on its stdout.

@@ -21,6 +21,7 @@ pub async fn worker(args: &Args, name: &str) -> Result<bool> {
         args.table.clone().ok_or("--table is required")?,
         args.t0_ms.ok_or("--t0-ms is required")?,
     );
+    let paying = args.paying_ms.map_or(PAYING, Duration::from_millis);
     let report = |event: Event, text: String| {
         let line = Report {
             at_ms: epoch_ms().saturating_sub(t0),
@@ -56,10 +57,10 @@ pub async fn worker(args: &Args, name: &str) -> Result<bool> {
         Event::Paying,
         format!(
             "ledger: account 42's dividend is unpaid; paying it (takes {}s)",
-            PAYING.as_secs_f32()
+            paying.as_secs_f32()
         ),
     );
-    tokio::time::sleep(PAYING).await;
+    tokio::time::sleep(paying).await;
 
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
     write_configmaps(&configmaps, name, token, &report).await;
